@@ -1,0 +1,29 @@
+# One-command set-up: `make test` and `make serve` create .venv and install everything.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU wheel from the local disk; set TORCH_SPEC="torch" (or a CUDA build) on a GPU machine.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install test serve bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VENV)/bin/pip install -q -e ".[serve,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+serve: $(STAMP)
+	$(VENV)/bin/dllm-server serve
+
+bench: $(STAMP)
+	$(PY) bench/decoding.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,104 @@
+"""ServerConfig: the single source of every default (CLI, tests and benchmarks derive from it).
+
+Only plain values live here; runtime facts (mask id, page counts measured on a device) never
+come back into the config. Imports nothing from the package and never touches torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+CACHE_MODES = ("none", "prefix", "dual")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+REMASKING = ("low_confidence", "random")
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    # --- model ---
+    model: str | None = _f(None, "HF checkpoint folder; none = the embedded demo model")
+    served_model_name: str | None = _f(None, "name reported by /v1/models (default: folder name)")
+    dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
+                    "float32, bfloat16, float16, float64", choices=DTYPES)
+    device: str = _f("auto", "cpu, cuda or auto (cuda when available)")
+    skip_tokenizer_init: bool = _f(False, "allow a checkpoint without tokenizer files (prompts as token ids)")
+    # --- decoding (server-wide defaults; requests may override the sampling ones) ---
+    block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")
+    cache: str = _f("dual", "KV reuse inside a block: none (exact), prefix or dual", choices=CACHE_MODES)
+    threshold: float = _f(0.9, "default confidence threshold for parallel commits")
+    # --- scheduling (per worker) ---
+    token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
+                                  "none = unlimited (prefill priority)")
+    max_active_decodes: int = _f(64, "cap on seated in-block decodes per worker iteration")
+    # --- KV cache ---
+    page_size: int = _f(16, "tokens per KV page")
+    num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens")
+    kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)")
+    # --- placement ---
+    placement: str = _f("colocated", "colocated, disaggregated or hybrid",
+                        choices=("colocated", "disaggregated", "hybrid"))
+    num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
+    num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
+    overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
+    threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = cores / workers")
+    # --- server ---
+    host: str = _f("127.0.0.1", "bind address")
+    port: int = _f(8000, "bind port")
+    api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
+    max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503")
+    shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests")
+    # --- testing only ---
+    causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
+    seed: int = _f(0, "seed for requests that give none")
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name}: {why}")
+
+        if self.block_length < 1:
+            bad("block_length", f"must be >= 1, got {self.block_length}")
+        if self.cache not in CACHE_MODES:
+            bad("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
+        if self.dtype not in DTYPES:
+            bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0.0 <= self.threshold <= 1.0:
+            bad("threshold", f"must be in [0, 1], got {self.threshold}")
+        if self.token_budget is not None and self.token_budget < 1:
+            bad("token_budget", f"must be >= 1 or None, got {self.token_budget}")
+        if self.max_active_decodes < 1:
+            bad("max_active_decodes", f"must be >= 1, got {self.max_active_decodes}")
+        if self.page_size < 1:
+            bad("page_size", f"must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            bad("num_pages", f"must be >= 1 or None, got {self.num_pages}")
+        if self.kv_cache_tokens < self.page_size:
+            bad("kv_cache_tokens", f"must be >= page_size, got {self.kv_cache_tokens}")
+        if self.num_workers < 1:
+            bad("num_workers", f"must be >= 1, got {self.num_workers}")
+        if self.num_prefill_workers < 1:
+            bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
+        if self.overflow_threshold_tokens < 0:
+            bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
+        if not 0 < self.port < 65536:
+            bad("port", f"must be in 1..65535, got {self.port}")
+        if self.max_waiting_requests < 1:
+            bad("max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests}")
+        if self.shutdown_timeout_s < 0:
+            bad("shutdown_timeout_s", f"must be >= 0, got {self.shutdown_timeout_s}")
+
+    @property
+    def pages_per_worker(self) -> int:
+        if self.num_pages is not None:
+            return self.num_pages
+        return -(-self.kv_cache_tokens // self.page_size)
+
+    def replace(self, **changes) -> "ServerConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def config_fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(ServerConfig)

@@ -1,0 +1,1 @@
+"""Per-request decoding: parameters, canvas geometry, unmasking rules, early stop."""

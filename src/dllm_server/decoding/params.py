@@ -1,0 +1,75 @@
+"""SamplingParams: what one request asks of the decoder, validated on construction.
+
+`None` for threshold / block_length means "the server default" (ServerConfig); `resolve`
+fills those in so workers only ever see concrete values. No torch, no devices here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..config import REMASKING, ServerConfig
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    threshold: float | None = None
+    factor: float | None = None
+    steps: int | None = None
+    remasking: str = "low_confidence"
+    ignore_eos: bool = False
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    block_length: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name}: {why}")
+
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not is_num(self.temperature) or self.temperature < 0:
+            bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if self.threshold is not None and (not is_num(self.threshold) or not 0 <= self.threshold <= 1):
+            bad("threshold", f"must be in [0, 1], got {self.threshold!r}")
+        if self.factor is not None and (not is_num(self.factor) or self.factor <= 0):
+            bad("factor", f"must be a finite number > 0, got {self.factor!r}")
+        if self.steps is not None and (not is_int(self.steps) or self.steps < 1):
+            bad("steps", f"must be an integer >= 1, got {self.steps!r}")
+        if self.remasking not in REMASKING:
+            bad("remasking", f"must be one of {REMASKING}, got {self.remasking!r}")
+        if self.remasking == "random" and self.steps is None:
+            bad("remasking", "'random' ranks positions for the fixed-steps schedule; give steps too")
+        if self.factor is not None and self.steps is not None:
+            bad("factor", "choose one rule: factor or steps, not both")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            bad("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.stop is not None:
+            stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+            if not all(isinstance(s, str) and s for s in stop):
+                bad("stop", "must be a non-empty string or a list of non-empty strings")
+            object.__setattr__(self, "stop", stop)
+        if self.block_length is not None and (not is_int(self.block_length) or self.block_length < 1):
+            bad("block_length", f"must be an integer >= 1, got {self.block_length!r}")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+
+    def resolve(self, config: ServerConfig, default_seed: int) -> "SamplingParams":
+        """Concrete copy: server defaults filled in, a seed fixed so results never depend on batching."""
+        return dataclasses.replace(
+            self,
+            threshold=config.threshold if self.threshold is None else self.threshold,
+            block_length=config.block_length if self.block_length is None else self.block_length,
+            seed=default_seed if self.seed is None else self.seed,
+        )

@@ -1,0 +1,92 @@
+"""Pure tensor functions for one denoising step over a batch of active blocks.
+
+Rows are requests, columns are positions of each row's active block (padded to the widest
+block; padding is never masked, so never committed). Everything is computed in float64 as in
+Fast-dLLM (reference/dllm_algorithms.md §3.2). Randomness comes only from per-request
+generators derived from (seed, block, step), so a request's tokens never depend on its batch
+or on which worker ran the step.
+"""
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def step_generator(seed: int, block_index: int, step: int) -> torch.Generator:
+    """A generator whose stream depends only on the request seed and the step's coordinates."""
+    x = (seed * 0x9E3779B97F4A7C15 + block_index * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    x = (x * 0xD6E8FEB86659FD93) & _MASK64
+    x ^= x >> 32
+    return torch.Generator().manual_seed(x & ((1 << 63) - 1))
+
+
+def propose(logits: torch.Tensor, temperature: list[float], generators: list[torch.Generator | None],
+            widths: list[int], banned_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposed token and its confidence for every position.
+
+    logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
+    many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
+    float64. Confidence is the *untempered* softmax probability of the proposal (LLaDA /
+    Fast-dLLM). `banned_id` (the mask token) can never be proposed.
+    """
+    x = logits.to(torch.float64)
+    x[..., banned_id] = float("-inf")
+    log_probs = torch.log_softmax(x, dim=-1)
+    tokens = x.argmax(dim=-1)
+    for b, temp in enumerate(temperature):
+        if temp > 0:
+            w = widths[b]
+            u = torch.rand((w, x.shape[-1]), generator=generators[b], dtype=torch.float64)
+            gumbel = -torch.log(-torch.log(u))
+            tokens[b, :w] = (x[b, :w] / temp + gumbel).argmax(dim=-1)
+    confidence = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).exp()
+    return tokens, confidence
+
+
+def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor,
+                  factor: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+    """How many masked positions each row commits this step (>= 1 while any is masked).
+
+    Per row exactly one rule applies: `fixed[b] >= 0` (fixed schedule), else `factor[b]` when
+    not NaN (Fast-dLLM factor rule: the n-th best passes if c_n >= 1 - f/(n+1); the longest
+    passing prefix is committed, exactly, not upstream's off-by-one), else `threshold[b]`
+    (every confidence >= threshold, at least the best one).
+    """
+    s = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    ranked, _ = torch.sort(s, dim=-1, descending=True)
+    num_masked = masked.sum(dim=-1)
+    by_threshold = (ranked >= threshold.unsqueeze(-1)).sum(dim=-1)
+    n = torch.arange(1, s.shape[-1] + 1, dtype=torch.float64)
+    passes = ranked >= 1.0 - factor.unsqueeze(-1) / (n + 1)
+    by_factor = passes.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    count = torch.where(factor.isnan(), by_threshold, by_factor)
+    count = torch.where(fixed >= 0, fixed, count)
+    count = torch.maximum(count, torch.ones_like(count))
+    return torch.minimum(count, num_masked)
+
+
+def select_commits(score: torch.Tensor, masked: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Boolean [B, K]: the `count[b]` highest-scoring masked positions of each row.
+
+    Ties go to the lower position (stable sort), which keeps results reproducible.
+    """
+    s = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    order = torch.sort(s, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(s.shape[-1]).expand_as(order).contiguous())
+    return masked & (rank < count.unsqueeze(-1))
+
+
+def random_scores(widths: list[int], generators: list[torch.Generator | None], k: int,
+                  use_random: list[bool], confidence: torch.Tensor) -> torch.Tensor:
+    """LLaDA's `random` remasking: rows that ask for it rank positions by i.i.d. uniforms."""
+    if not any(use_random):
+        return confidence
+    score = confidence.clone()
+    for b, flag in enumerate(use_random):
+        if flag:
+            w = widths[b]
+            score[b, :w] = torch.rand(w, generator=generators[b], dtype=torch.float64)
+    return score

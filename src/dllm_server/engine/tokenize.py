@@ -1,0 +1,61 @@
+"""Tokenizer, chat template and the ids that end an answer (EOS and end-of-turn)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>")
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path):
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        folder = Path(folder)
+        if (folder / "tokenizer.json").is_file():
+            self.hf = PreTrainedTokenizerFast.from_pretrained(str(folder))
+        else:
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            except Exception as exc:
+                raise ValueError(f"model: cannot load a tokenizer from {folder} ({exc}); pass "
+                                 "skip_tokenizer_init=True and token-id prompts") from exc
+        self.vocab_size = len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=True))
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if not self.hf.chat_template:
+            raise ValueError("messages: this model's tokenizer has no chat template")
+        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The template already holds BOS; encoding must not add a second one.
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=True)
+
+    def special_ids(self) -> set[int]:
+        return set(self.hf.all_special_ids)
+
+    def end_of_turn_ids(self) -> set[int]:
+        ids = set()
+        for tok in END_OF_TURN_TOKENS:
+            tid = self.hf.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.hf.unk_token_id and tid is not None:
+                ids.add(tid)
+        if self.hf.eos_token_id is not None:
+            ids.add(self.hf.eos_token_id)
+        return ids
+
+
+def stop_token_ids(folder: str | Path, eos_id: int, tokenizer: Tokenizer | None) -> tuple[int, ...]:
+    """EOS from config.json and generation_config.json, plus the tokenizer's end-of-turn tokens."""
+    ids = {eos_id}
+    gen = Path(folder) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer is not None:
+        ids |= tokenizer.end_of_turn_ids()
+    return tuple(sorted(ids))

@@ -1,0 +1,144 @@
+"""Offline engine API, like vLLM's `LLM`: in-process continuous batching over one WorkerCore.
+
+    from dllm_server import LLM, SamplingParams
+    llm = LLM(model="path/to/checkpoint")
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=64))
+
+Re-implements no decoding or admission: it feeds SubmitBlocks to the same core a worker process
+runs and assembles outputs with the same RequestState the server uses.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .config import ServerConfig
+from .decoding.params import SamplingParams
+from .engine.inputs import check_request, prompt_ids
+from .engine.request_state import GenerationOutput, RequestState
+from .engine.tokenize import Tokenizer, stop_token_ids
+from .messages import Abort, BlockDone, RequestFailed, StepDelta
+from .model.loader import load_model
+from .worker.core import WorkerCore
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def model_path(config: ServerConfig) -> Path:
+    if config.model is not None:
+        return Path(config.model)
+    from .model.embedded import embedded_model_path
+    return embedded_model_path()
+
+
+def request_seed(base_seed: int, arrival_seq: int) -> int:
+    return (base_seed * 1_000_003 + arrival_seq * 7_919 + 1) % (2**63)
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **config_kwargs: Any):
+        self.config = ServerConfig(model=model, **config_kwargs)
+        self.path = model_path(self.config)
+        self.device = resolve_device(self.config.device)
+        net, self.args, self.dtype = load_model(self.path, self.config.dtype, self.device)
+        self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
+        self.stop_ids = stop_token_ids(self.path, self.args.eos_id, self.tokenizer)
+        self.core = WorkerCore(self.config, net, self.args, self.dtype, self.device,
+                               self.config.pages_per_worker)
+        self._arrivals = itertools.count()
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[GenerationOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        pairs = [prompt_ids(p, self.tokenizer) for p in prompts]
+        return self._run(pairs, sampling_params, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[GenerationOutput]:
+        if self.tokenizer is None:
+            raise ValueError("messages: chat needs a tokenizer (skip_tokenizer_init is set)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        pairs = [(None, self.tokenizer.apply_chat_template(list(c))) for c in conversations]
+        return self._run(pairs, sampling_params, use_tqdm)
+
+    # ---- the in-process loop ----
+    def _run(self, pairs, sampling_params, use_tqdm: bool) -> list[GenerationOutput]:
+        params_list = self._params_list(sampling_params, len(pairs))
+        states: dict[str, RequestState] = {}
+        order = []
+        for (text, ids), params in zip(pairs, params_list):   # validate everything before running
+            seq = next(self._arrivals)
+            resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
+            check_request(ids, resolved, self.args)
+            rid = f"offline-{seq}"
+            states[rid] = RequestState(rid, text, ids, resolved, self.args.mask_id, self.stop_ids, seq)
+            order.append(rid)
+        done: dict[str, GenerationOutput] = {}
+        for rid in order:
+            self._submit(states[rid], done)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(order), desc="generate", unit="req")
+        while len(done) < len(order):
+            if not self.core.has_work:
+                raise RuntimeError("engine stalled with unfinished requests")   # a bug, never expected
+            for msg in self.core.step():
+                self._handle(msg, states, done)
+            if bar is not None:
+                bar.update(len(done) - bar.n)
+        if bar is not None:
+            bar.close()
+        return [done[rid] for rid in order]
+
+    def _params_list(self, sampling_params, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        sampling_params = list(sampling_params)
+        if len(sampling_params) != n:
+            raise ValueError(f"sampling_params: {len(sampling_params)} given for {n} prompts")
+        return sampling_params
+
+    def _submit(self, st: RequestState, done: dict) -> None:
+        for msg in self.core.submit(st.submit_msg()):
+            self._handle(msg, {st.request_id: st}, done)
+
+    def _handle(self, msg, states: dict[str, RequestState], done: dict) -> None:
+        st = states.get(msg.request_id)
+        if st is None or msg.request_id in done:
+            return
+        if isinstance(msg, StepDelta):
+            st.apply(msg)
+            if st.params.stop and self.tokenizer is not None:
+                self._check_stop_strings(st, done)
+        elif isinstance(msg, BlockDone):
+            st.block_done(msg.num_steps)
+            if msg.is_final or not st.has_next_block:
+                done[st.request_id] = st.finish(self._text(st))
+            else:
+                self._submit(st, done)
+        elif isinstance(msg, RequestFailed):
+            done[st.request_id] = st.finish("", finish_reason="error", error=msg.message)
+
+    def _text(self, st: RequestState) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(st.committed_prefix())
+
+    def _check_stop_strings(self, st: RequestState, done: dict) -> None:
+        text = self.tokenizer.decode(st.committed_prefix())
+        hits = [i for i in (text.find(s) for s in st.params.stop) if i >= 0]
+        if hits:
+            self.core.abort(Abort(st.request_id))
+            done[st.request_id] = st.finish(text[: min(hits)], text_cut=True)

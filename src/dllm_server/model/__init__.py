@@ -1,0 +1,1 @@
+"""Model code: LLaDA and Dream architectures, loading HF checkpoint folders, tiny checkpoints."""

@@ -1,0 +1,36 @@
+"""Architecture-neutral model arguments, parsed from each family's HF config keys."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs:
+    arch: str                 # "llada" | "dream"
+    hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    mlp_hidden: int
+    vocab_size: int           # tokens that may be sampled
+    embedding_size: int       # rows of the embedding / LM head (>= vocab_size)
+    rope_theta: float
+    norm_eps: float
+    max_len: int
+    mask_id: int
+    eos_id: int
+    tie_embeddings: bool
+    qkv_bias: bool
+    logit_shift: int          # 0: logits[i] predicts token i (LLaDA); 1: token i from i-1 (Dream)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.num_heads:
+            raise ValueError(f"config: hidden size {self.hidden} is not divisible by {self.num_heads} heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"config: {self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
+        if not 0 <= self.mask_id < self.embedding_size:
+            raise ValueError(f"config: mask_token_id {self.mask_id} is outside the vocabulary")

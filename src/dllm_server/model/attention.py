@@ -1,0 +1,93 @@
+"""Attention over a packed batch of sequences, each with its own paged KV.
+
+Every sequence in a forward feeds a contiguous range of canvas positions [pos_start,
+pos_start + q_len); their fresh K/V are written into the sequence's cache slots first, then
+the queries attend over the sequence's whole canvas [0, kv_len). That one rule covers the full
+(re-)prefill (range = whole canvas), the dual-cache block step (range = block), the prefix-cache
+step (range = block + suffix) and the no-cache reference (range = whole canvas every step).
+
+Backends: SDPA (CPU and GPU fallback) here; FlashInfer comes with the GPU path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class SeqSpan:
+    """One sequence of a packed forward."""
+    q_start: int           # offset of its first query row in the packed token stream
+    q_len: int             # number of fed tokens
+    pos_start: int         # absolute canvas position of the first fed token
+    kv_len: int            # canvas length: keys [0, kv_len) are attended
+    slot_base: int         # >= 0: the canvas lives in contiguous slots [base, base + kv_len)
+    slot_ids: torch.Tensor | None  # otherwise the slot of every canvas position (int64 [kv_len])
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    seqs: list[SeqSpan]
+    causal: bool = False   # test-only oracle: query at p sees keys <= p
+
+
+@dataclass(slots=True)
+class DenseBatch:
+    """No cache: `num_seqs` whole sequences of equal length, packed back to back (training and
+    reference forwards). One batched SDPA call instead of a loop over sequences."""
+    num_seqs: int
+    causal: bool = False
+
+
+@dataclass(slots=True)
+class LayerKV:
+    k: torch.Tensor  # [num_slots, n_kv_heads, head_dim]
+    v: torch.Tensor
+
+
+def _write(cache: torch.Tensor, seq: SeqSpan, fresh: torch.Tensor) -> None:
+    lo, hi = seq.pos_start, seq.pos_start + seq.q_len
+    if seq.slot_ids is None:
+        cache[seq.slot_base + lo: seq.slot_base + hi] = fresh
+    else:
+        cache.index_copy_(0, seq.slot_ids[lo:hi], fresh)
+
+
+def _read(cache: torch.Tensor, seq: SeqSpan) -> torch.Tensor:
+    if seq.slot_ids is None:
+        return cache[seq.slot_base: seq.slot_base + seq.kv_len]
+    return cache.index_select(0, seq.slot_ids)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: DenseBatch) -> torch.Tensor:
+    b = batch.num_seqs
+    shape = lambda x: x.view(b, -1, *x.shape[1:]).transpose(1, 2)
+    o = F.scaled_dot_product_attention(shape(q), shape(k), shape(v), is_causal=batch.causal, enable_gqa=True)
+    return o.transpose(1, 2).reshape(q.shape)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None,
+                   batch: AttentionBatch | DenseBatch) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] for the packed fed tokens -> [T, H, D]."""
+    if isinstance(batch, DenseBatch):
+        return dense_attention(q, k, v, batch)
+    out = torch.empty_like(q)
+    for seq in batch.seqs:
+        rows = slice(seq.q_start, seq.q_start + seq.q_len)
+        _write(kv.k, seq, k[rows])
+        _write(kv.v, seq, v[rows])
+        if seq.pos_start == 0 and seq.q_len == seq.kv_len:
+            keys, values = k[rows], v[rows]          # full canvas fed: no need to read back
+        else:
+            keys, values = _read(kv.k, seq), _read(kv.v, seq)
+        mask = None
+        if batch.causal:
+            qpos = torch.arange(seq.pos_start, seq.pos_start + seq.q_len).unsqueeze(1)
+            mask = torch.arange(seq.kv_len).unsqueeze(0) <= qpos
+        o = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)
+        out[rows] = o.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,106 @@
+"""HF checkpoint folder -> model: architecture from config.json, single or sharded safetensors,
+dtype selection, and errors that name what is missing. Does no decoding."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from . import dream, llada
+from .args import ModelArgs
+from .layers import Rotary
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {
+    "LLaDAModelLM": (llada.args_from_config, llada.LLaDAModelLM),
+    "DreamModel": (dream.args_from_config, dream.DreamModel),
+}
+MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def read_config(path: str | Path) -> dict:
+    folder = Path(path)
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"model: {folder} has no config.json (expected a Hugging Face checkpoint folder)")
+    return json.loads(cfg_file.read_text())
+
+
+def architecture_of(cfg: dict) -> str:
+    for name in cfg.get("architectures") or []:
+        if name in ARCHITECTURES:
+            return name
+    if cfg.get("model_type") in MODEL_TYPES:
+        return MODEL_TYPES[cfg["model_type"]]
+    raise ValueError(f"model: unsupported architecture {cfg.get('architectures')} / model_type "
+                     f"{cfg.get('model_type')!r}; supported: {sorted(ARCHITECTURES)}")
+
+
+def model_args(path: str | Path) -> ModelArgs:
+    cfg = read_config(path)
+    return ARCHITECTURES[architecture_of(cfg)][0](cfg)
+
+
+def resolve_dtype(requested: str, cfg: dict, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        return DTYPES[requested]
+    dtype = DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.float32   # fp16 matmuls are slow and lossy on CPU
+    return dtype
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise ValueError(f"model: shard files listed in {index.name} are missing: {missing}")
+        return [folder / f for f in files]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ValueError(f"model: {folder} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def load_model(path: str | Path, dtype: str = "auto",
+               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelArgs, torch.dtype]:
+    folder = Path(path)
+    cfg = read_config(folder)
+    make_args, cls = ARCHITECTURES[architecture_of(cfg)]
+    args = make_args(cfg)
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, cfg, device)
+
+    with torch.device("meta"):
+        model = cls(args)
+    expected = set(model.state_dict().keys())
+    state: dict[str, torch.Tensor] = {}
+    for shard in _shard_files(folder):
+        with safe_open(str(shard), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name in expected:
+                    state[name] = f.get_tensor(name).to(device=device, dtype=torch_dtype)
+                else:
+                    log.warning("ignoring unexpected tensor %s in %s", name, shard.name)
+    missing = sorted(expected - state.keys())
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"model: checkpoint {folder} is missing tensors {missing[:5]}{more}")
+    for name, tensor in state.items():
+        want = model.get_parameter(name).shape
+        if tensor.shape != want:
+            raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    model.eval().requires_grad_(False)
+    return model, args, torch_dtype

@@ -1,0 +1,145 @@
+"""Seeded tiny checkpoints in the real HF layout (config.json, safetensors, tokenizer.json,
+tokenizer_config.json with the family's chat template and special tokens).
+
+The tokenizer is byte-level (256 byte tokens + the family's specials), which needs no training
+and round-trips any text. Used by tests, benchmarks and the embedded demo model's trainer.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from .loader import ARCHITECTURES, MODEL_TYPES
+
+LLADA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+    "<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+DREAM_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant."
+    "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# Special tokens follow the real families' strings; ids start right after the 256 bytes.
+SPECIALS = {
+    "llada": ["<|endoftext|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>",
+              "<|eot_id|>", "<|mdm_mask|>"],
+    "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|beginoftext|>"],
+}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """The byte -> printable-character map of byte-level BPE (printable bytes map to themselves)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer(specials: list[str]) -> Tokenizer:
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def write_tokenizer(out: Path, family: str, max_len: int) -> dict[str, int]:
+    specials = SPECIALS[family]
+    tok = byte_tokenizer(specials)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in specials}
+    if family == "llada":
+        cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "mask_token": "<|mdm_mask|>", "chat_template": LLADA_TEMPLATE}
+    else:
+        cfg = {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "mask_token": "<|mask|>", "chat_template": DREAM_TEMPLATE}
+    cfg.update({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+                "clean_up_tokenization_spaces": False, "add_bos_token": False})
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return ids
+
+
+def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, heads: int, kv_heads: int,
+                mlp: int, max_len: int, vocab: int, dtype: str) -> dict:
+    padded = -(-vocab // 64) * 64
+    if family == "llada":
+        return {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": hidden,
+                "n_layers": layers, "n_heads": heads, "n_kv_heads": kv_heads, "mlp_hidden_size": mlp,
+                "vocab_size": vocab, "embedding_size": padded, "rope_theta": 500000.0,
+                "rms_norm_eps": 1e-5, "max_sequence_length": max_len, "include_bias": False,
+                "weight_tying": False, "activation_type": "silu", "block_type": "llama",
+                "mask_token_id": ids["<|mdm_mask|>"], "eos_token_id": ids["<|endoftext|>"],
+                "pad_token_id": ids["<|endoftext|>"], "torch_dtype": dtype}
+    return {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": hidden,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "intermediate_size": mlp, "vocab_size": vocab, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": max_len, "tie_word_embeddings": False, "hidden_act": "silu",
+            "mask_token_id": ids["<|mask|>"], "eos_token_id": ids["<|endoftext|>"],
+            "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|beginoftext|>"], "torch_dtype": dtype}
+
+
+def init_weights(model: torch.nn.Module, seed: int, logit_scale: float = 5.0) -> None:
+    """Seeded init with peaked output distributions, so confident parallel commits happen."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        if name.endswith("norm.weight") or name.endswith("ln_f.weight") or "layernorm" in name:
+            p.data.fill_(1.0)
+        elif name.endswith("bias"):
+            p.data.normal_(0.0, 0.02, generator=g)
+        elif "wte" in name or "embed_tokens" in name:
+            p.data.normal_(0.0, 1.0, generator=g)
+        elif name.endswith("lm_head.weight") or name == "model.transformer.ff_out.weight":
+            p.data.normal_(0.0, logit_scale / p.shape[1] ** 0.5, generator=g)
+        else:
+            p.data.normal_(0.0, 1.0 / p.shape[1] ** 0.5, generator=g)
+
+
+def make_tiny_model(out: str | Path, arch: str = "llada", seed: int = 0, hidden: int = 64,
+                    layers: int = 2, heads: int = 4, kv_heads: int | None = None, mlp: int = 128,
+                    max_len: int = 1024, dtype: str = "float32", shards: int = 1) -> Path:
+    family = arch.lower()
+    if family not in MODEL_TYPES:
+        raise ValueError(f"arch: must be one of {sorted(MODEL_TYPES)}, got {arch!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out, family, max_len)
+    vocab = 256 + len(ids)
+    kv_heads = kv_heads or (heads if family == "llada" else max(1, heads // 2))
+    cfg = tiny_config(family, ids, hidden, layers, heads, kv_heads, mlp, max_len, vocab, dtype)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
+    make_args, cls = ARCHITECTURES[MODEL_TYPES[family]]
+    model = cls(make_args(cfg))
+    init_weights(model, seed)
+    save_weights(model, out, getattr(torch, dtype), shards)
+    return out
+
+
+def save_weights(model: torch.nn.Module, out: Path, dtype: torch.dtype, shards: int = 1) -> None:
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    if shards <= 1:
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({k: state[k] for k in part}, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in part})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+             "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

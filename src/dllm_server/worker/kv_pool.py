@@ -1,0 +1,87 @@
+"""Paged KV storage of one worker: per-layer K/V tensors and the page allocator.
+
+Pages are `page_size` token slots. The allocator prefers one contiguous run (then attention
+reads a plain view, no gather); otherwise it hands out the lowest free pages. It decides
+nothing about who gets pages: the core asks, the pool answers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model.attention import LayerKV
+
+
+@dataclass(slots=True)
+class PageAlloc:
+    pages: list[int]
+    slot_base: int                   # >= 0 when the pages form one contiguous run
+    slot_ids: torch.Tensor | None    # slot of every canvas position otherwise
+
+
+class KVPool:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        slots = num_pages * page_size
+        self.layers = [LayerKV(torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device),
+                               torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device))
+                       for _ in range(num_layers)]
+        self._is_free = [True] * num_pages
+        self.num_free_pages = num_pages
+        self._owner: dict[str, PageAlloc] = {}
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.pages_needed(num_tokens) <= self.num_free_pages
+
+    def allocate(self, owner: str, num_tokens: int) -> PageAlloc:
+        n = self.pages_needed(num_tokens)
+        if owner in self._owner:
+            raise RuntimeError(f"KV pages already allocated for {owner}")
+        if n > self.num_free_pages:
+            raise RuntimeError(f"out of KV pages: need {n}, {self.num_free_pages} free")
+        pages = self._contiguous_run(n) or [i for i, free in enumerate(self._is_free) if free][:n]
+        for p in pages:
+            self._is_free[p] = False
+        self.num_free_pages -= n
+        if pages == list(range(pages[0], pages[0] + n)):
+            alloc = PageAlloc(pages, pages[0] * self.page_size, None)
+        else:
+            idx = torch.arange(num_tokens)
+            page_of = torch.tensor(pages, dtype=torch.int64)[idx // self.page_size]
+            alloc = PageAlloc(pages, -1, page_of * self.page_size + idx % self.page_size)
+        self._owner[owner] = alloc
+        return alloc
+
+    def free(self, owner: str) -> None:
+        alloc = self._owner.pop(owner, None)
+        if alloc is None:
+            return
+        for p in alloc.pages:
+            self._is_free[p] = True
+        self.num_free_pages += len(alloc.pages)
+
+    def owners(self) -> list[str]:
+        return list(self._owner)
+
+    def check_integrity(self) -> None:
+        used = [p for a in self._owner.values() for p in a.pages]
+        if len(used) != len(set(used)):
+            raise AssertionError("a KV page has two owners")
+        if any(self._is_free[p] for p in used):
+            raise AssertionError("an owned KV page is marked free")
+        if self.num_free_pages != sum(self._is_free) or self.num_free_pages + len(used) != self.num_pages:
+            raise AssertionError("KV free-page count is inconsistent")
+
+    def _contiguous_run(self, n: int) -> list[int] | None:
+        run = 0
+        for i, free in enumerate(self._is_free):
+            run = run + 1 if free else 0
+            if run == n:
+                return list(range(i - n + 1, i + 1))
+        return None

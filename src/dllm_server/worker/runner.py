@@ -1,0 +1,75 @@
+"""Packs one iteration's work into a single model forward and returns block logits.
+
+Each item feeds a contiguous position range of its canvas and wants logits for its active
+block. For Dream-style models (logit_shift = 1) block position p is predicted from p - 1, so the
+fed window starts one earlier and the logits rows are shifted (dInfer's shifted window).
+This is the only place that launches device work; it knows nothing of queues or lifecycles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model.args import ModelArgs
+from ..model.attention import AttentionBatch, SeqSpan
+from .kv_pool import KVPool, PageAlloc
+
+
+@dataclass(slots=True)
+class ForwardItem:
+    canvas: torch.Tensor      # int64 [canvas_len]
+    alloc: PageAlloc
+    fed_start: int            # fed positions [fed_start, fed_end)
+    fed_end: int
+    block_start: int          # logits wanted for block positions [block_start, block_end)
+    block_end: int
+
+
+def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, canvas_len: int,
+              logit_shift: int) -> tuple[int, int]:
+    """Which canvas positions a step feeds, by cache mode (reference/dllm_algorithms.md §3.1)."""
+    if is_prefill or mode == "none":
+        return 0, canvas_len
+    if mode == "prefix":
+        return block_start - logit_shift, canvas_len
+    return block_start - logit_shift, block_end           # dual
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
+                 causal: bool = False):
+        self.model = model
+        self.args = args
+        self.pool = pool
+        self.device = device
+        self.causal = causal
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Logits [len(items), max_block_width, vocab_size] (float32, on the host for sampling);
+        rows past an item's block width are zeros."""
+        shift = self.args.logit_shift
+        ids, pos, rows, seqs = [], [], [], []
+        q_start = 0
+        for it in items:
+            n = it.fed_end - it.fed_start
+            ids.append(it.canvas[it.fed_start:it.fed_end])
+            pos.append(torch.arange(it.fed_start, it.fed_end))
+            first = q_start + (it.block_start - shift - it.fed_start)
+            rows.append(torch.arange(first, first + it.block_end - it.block_start))
+            seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), it.alloc.slot_base,
+                                it.alloc.slot_ids))
+            q_start += n
+        logits = self.model(torch.cat(ids).to(self.device), torch.cat(pos).to(self.device),
+                            AttentionBatch(seqs, self.causal), self.pool.layers,
+                            torch.cat(rows).to(self.device))
+        logits = logits[:, : self.args.vocab_size].float()
+        width = max(it.block_end - it.block_start for it in items)
+        out = logits.new_zeros(len(items), width, logits.shape[-1])
+        offset = 0
+        for b, it in enumerate(items):
+            k = it.block_end - it.block_start
+            out[b, :k] = logits[offset: offset + k]
+            offset += k
+        return out.cpu()

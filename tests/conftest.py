@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny real checkpoints in the HF layout, built once per session."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_server.model.tiny import make_tiny_model
+
+# Two cores: one torch thread per process keeps parallel processes from fighting.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llada(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llada"), arch="llada", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_dream(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-dream"), arch="dream", seed=1))
+
+
+@pytest.fixture(scope="session", params=["llada", "dream"])
+def tiny_model(request, tiny_llada, tiny_dream) -> str:
+    return tiny_llada if request.param == "llada" else tiny_dream
