@@ -56,7 +56,7 @@ class LLM:
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[GenerationOutput]:
-        if isinstance(prompts, (str, dict)):
+        if not isinstance(prompts, (list, tuple)):
             prompts = [prompts]
         pairs = [prompt_ids(p, self.tokenizer) for p in prompts]
         return self._run(pairs, sampling_params, use_tqdm)

@@ -1,0 +1,102 @@
+"""Unmasking rules as pure tensor functions."""
+import math
+
+import pytest
+import torch
+
+from dllm_server.decoding import unmask
+from dllm_server.decoding.canvas import answer_len, steps_per_block, transfer_counts
+
+NAN = float("nan")
+
+
+def _counts(conf, masked, threshold=NAN, factor=NAN, fixed=-1):
+    c = torch.tensor([conf], dtype=torch.float64)
+    m = torch.tensor([masked])
+    return int(unmask.commit_counts(c, m, torch.tensor([threshold if not math.isnan(threshold) else 0.9],
+                                                         dtype=torch.float64),
+                                    torch.tensor([factor], dtype=torch.float64), torch.tensor([fixed]))[0])
+
+
+def test_threshold_commits_all_above_and_at_least_one():
+    conf = [0.95, 0.2, 0.91, 0.5]
+    assert _counts(conf, [True] * 4, threshold=0.9) == 2
+    assert _counts(conf, [True] * 4, threshold=0.99) == 1            # always the best one
+    assert _counts(conf, [True] * 4, threshold=0.0) == 4
+    assert _counts(conf, [False, True, False, True], threshold=0.9) == 1   # committed positions never count
+
+
+def test_raising_threshold_never_commits_more():
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(50, generator=g, dtype=torch.float64).tolist()
+    counts = [_counts(conf, [True] * 50, threshold=t / 20) for t in range(21)]
+    assert counts == sorted(counts, reverse=True) and counts[-1] >= 1
+
+
+def test_factor_rule_longest_passing_prefix():
+    # n-th best passes if c_n >= 1 - f/(n+1): with f=1: 0.5, 0.667, 0.75, 0.8 ...
+    assert _counts([0.9, 0.7, 0.76, 0.1], [True] * 4, factor=1.0) == 2        # 0.7 < 1 - 1/4
+    assert _counts([0.9, 0.7, 0.8, 0.1], [True] * 4, factor=1.0) == 2
+    assert _counts([0.9, 0.76, 0.8, 0.1], [True] * 4, factor=1.0) == 3
+    assert _counts([0.4, 0.3], [True] * 2, factor=1.0) == 1          # first always commits
+    assert _counts([0.99, 0.99, 0.99, 0.79], [True] * 4, factor=1.0) == 3   # last candidate fails: exact
+    counts = [_counts([0.9, 0.8, 0.7, 0.6, 0.5], [True] * 5, factor=f) for f in (0.5, 1, 2, 4)]
+    assert counts == sorted(counts)
+
+
+def test_fixed_counts_and_selection_is_top_k_of_masked():
+    conf = torch.tensor([[0.1, 0.9, 0.5, 0.7]], dtype=torch.float64)
+    masked = torch.tensor([[True, False, True, True]])
+    count = torch.tensor([2])
+    commit = unmask.select_commits(conf, masked, count)
+    assert commit.tolist() == [[False, False, True, True]]
+
+
+def test_one_hot_logits_reach_confidence_exactly_one():
+    logits = torch.full((1, 1, 10), -1e4)
+    logits[0, 0, 3] = 0.0
+    tokens, conf = unmask.propose(logits, [0.0], [None], [1], banned_id=9)
+    assert tokens.item() == 3 and conf.item() == 1.0
+
+
+def test_mask_id_is_never_proposed():
+    logits = torch.zeros(2, 4, 8)
+    logits[..., 5] = 100.0
+    tokens, _ = unmask.propose(logits, [0.0, 1.0], [None, torch.Generator().manual_seed(0)], [4, 4], banned_id=5)
+    assert not (tokens == 5).any()
+
+
+def test_gumbel_sampling_matches_softmax_of_tempered_logits():
+    logits = torch.tensor([[[1.0, 0.0, -1.0, 0.5, 9.0]]])     # the last id is the banned mask
+    temp = 0.7
+    n = 4000
+    counts = torch.zeros(5)
+    for i in range(n):
+        tok, conf = unmask.propose(logits, [temp], [unmask.step_generator(1, 0, i)], [1], banned_id=4)
+        counts[tok.item()] += 1
+    expected = torch.softmax(logits[0, 0, :4] / temp, -1) * n
+    assert counts[4] == 0
+    chi2 = float(((counts[:4] - expected) ** 2 / expected).sum())
+    assert chi2 < 16.3    # chi-square, 3 degrees of freedom, p = 0.001
+    # Confidence is the untempered probability of the sampled token.
+    tok, conf = unmask.propose(logits, [temp], [unmask.step_generator(1, 0, 0)], [1], banned_id=4)
+    assert conf.item() == pytest.approx(torch.softmax(logits[0, 0, :4].double(), -1)[tok.item()].item())
+
+
+def test_step_generators_depend_only_on_coordinates():
+    a = torch.rand(3, generator=unmask.step_generator(5, 2, 1))
+    b = torch.rand(3, generator=unmask.step_generator(5, 2, 1))
+    c = torch.rand(3, generator=unmask.step_generator(5, 2, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("masked,steps", [(32, 32), (32, 5), (7, 3), (1, 1)])
+def test_transfer_schedule(masked, steps):
+    counts = transfer_counts(masked, steps)
+    assert sum(counts) == masked and len(counts) == steps
+    assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+
+
+def test_steps_split_across_blocks_and_answer_rounding():
+    assert [steps_per_block(10, 4, b) for b in range(4)] == [3, 3, 2, 2]
+    assert answer_len(33, 32) == 64 and answer_len(32, 32) == 32
