@@ -51,8 +51,10 @@ class ServerConfig:
     api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
     max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503")
     shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests")
+    restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
     # --- testing only ---
     causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
+    fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")
     seed: int = _f(0, "seed for requests that give none")
 
     def __post_init__(self) -> None:

@@ -18,9 +18,10 @@ import torch
 from .config import ServerConfig
 from .decoding.params import SamplingParams
 from .engine.inputs import check_request, prompt_ids
+from .engine.output import advance
 from .engine.request_state import GenerationOutput, RequestState
 from .engine.tokenize import Tokenizer, stop_token_ids
-from .messages import Abort, BlockDone, RequestFailed, StepDelta
+from .messages import Abort
 from .model.loader import load_model
 from .worker.core import WorkerCore
 
@@ -118,27 +119,10 @@ class LLM:
         st = states.get(msg.request_id)
         if st is None or msg.request_id in done:
             return
-        if isinstance(msg, StepDelta):
-            st.apply(msg)
-            if st.params.stop and self.tokenizer is not None:
-                self._check_stop_strings(st, done)
-        elif isinstance(msg, BlockDone):
-            st.block_done(msg.num_steps)
-            if msg.is_final or not st.has_next_block:
-                done[st.request_id] = st.finish(self._text(st))
-            else:
-                self._submit(st, done)
-        elif isinstance(msg, RequestFailed):
-            done[st.request_id] = st.finish("", finish_reason="error", error=msg.message)
-
-    def _text(self, st: RequestState) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(st.committed_prefix())
-
-    def _check_stop_strings(self, st: RequestState, done: dict) -> None:
-        text = self.tokenizer.decode(st.committed_prefix())
-        hits = [i for i in (text.find(s) for s in st.params.stop) if i >= 0]
-        if hits:
+        outcome = advance(st, msg, self.tokenizer)
+        if outcome.abort_worker:
             self.core.abort(Abort(st.request_id))
-            done[st.request_id] = st.finish(text[: min(hits)], text_cut=True)
+        if outcome.output is not None:
+            done[st.request_id] = outcome.output
+        elif outcome.next_block is not None:
+            self._submit(st, done)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .decoding.params import SamplingParams
+from .model.args import ModelArgs
 
 
 # ---- request side -> worker ----
@@ -25,6 +26,29 @@ class SubmitBlock:
     params: SamplingParams            # resolved: threshold, block_length and seed are set
     stop_token_ids: tuple[int, ...]
     arrival_seq: int                  # request arrival order; re-prefills keep their request's
+    step_offset: int = 0              # steps this block already took elsewhere (retry after a failed handoff)
+    handoff: bool = False             # prefill only: hold the KV for a transfer (PrefillDone), don't decode
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffKV:
+    """To a prefill worker: send the held KV of `request_id` to `dst_worker` (torch.distributed)."""
+    request_id: str
+    dst_worker: int
+    transfer_seq: int                 # global order of transfers (deadlock-free) and p2p tag
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveKV:
+    """To a decode worker: receive a block's KV from `src_worker` and decode it."""
+    block: SubmitBlock                # canvas as of the prefill's first commit; step_offset set
+    src_worker: int
+    transfer_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +79,49 @@ class BlockDone:
 class RequestFailed:
     request_id: str
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """A handoff block finished its prefill; its KV is held until HandoffKV."""
+    request_id: str
+    block_index: int
+    num_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffDone:
+    """Sent by both ends of a transfer. ok=False on the receiver means its pages were short
+    (the data was drained); the engine then falls back to a re-prefill."""
+    request_id: str
+    worker_id: int
+    is_sender: bool
+    ok: bool
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    worker_id: int
+    outstanding_prefill_tokens: int
+    num_active_decodes: int
+    free_pages: int
+    deficit_tokens: int
+    iteration_tokens: int             # tokens the last iteration fed (prefill + decode)
+    num_iterations: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReady:
+    worker_id: int
+    num_pages: int
+    page_size: int
+    model_args: ModelArgs
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailed:
+    worker_id: int
+    traceback: str

@@ -18,7 +18,7 @@ from ..config import ServerConfig
 from ..decoding import unmask
 from ..decoding.canvas import num_blocks, steps_per_block, transfer_counts
 from ..decoding.stop import is_final
-from ..messages import Abort, BlockDone, RequestFailed, StepDelta, SubmitBlock
+from ..messages import Abort, BlockDone, LoadReport, PrefillDone, RequestFailed, StepDelta, SubmitBlock
 from ..model.args import ModelArgs
 from .admission import PrefillCandidate, admit, seat_decodes
 from .kv_pool import KVPool, PageAlloc
@@ -76,6 +76,7 @@ class WorkerCore:
         self.active: list[str] = []          # seated decodes
         self.deficit_tokens = 0
         self.last = IterationStats()
+        self.num_forwards = 0
 
     # ---- intake ----
     def submit(self, msg: SubmitBlock) -> list:
@@ -86,17 +87,45 @@ class WorkerCore:
                                   f"pages; this worker has {self.pool.num_pages}")]
         if msg.request_id in self.tasks:
             return [RequestFailed(msg.request_id, "duplicate request id on worker")]
+        task = self._task(msg)
+        self.tasks[msg.request_id] = task
+        self.waiting.push(task)
+        return []
+
+    def _task(self, msg: SubmitBlock) -> BlockTask:
         p = msg.params
         start = msg.prompt_len + msg.block_index * p.block_length
         schedule = None
         if p.steps is not None:
             n = steps_per_block(p.steps, num_blocks(p.max_tokens, p.block_length), msg.block_index)
             schedule = transfer_counts(p.block_length, n)
-        task = BlockTask(msg, msg.canvas.clone(), start, start + p.block_length,
-                         torch.tensor(msg.stop_token_ids, dtype=torch.int64), schedule)
-        self.tasks[msg.request_id] = task
-        self.waiting.push(task)
-        return []
+        return BlockTask(msg, msg.canvas.clone(), start, start + p.block_length,
+                         torch.tensor(msg.stop_token_ids, dtype=torch.int64), schedule, step=msg.step_offset)
+
+    # ---- KV handoff (disaggregated placement) ----
+    def held_alloc(self, request_id: str) -> tuple[PageAlloc, int] | None:
+        """Pages and canvas length of a block held after its handoff prefill."""
+        t = self.tasks.get(request_id)
+        if t is None or t.alloc is None:
+            return None
+        return t.alloc, t.canvas.numel()
+
+    def reserve_received(self, block: SubmitBlock) -> PageAlloc | None:
+        """Pages for a block whose KV is about to arrive; None when they are short (refuse)."""
+        if block.request_id in self.tasks or not self.pool.can_allocate(block.canvas.numel()):
+            return None
+        task = self._task(block)
+        task.alloc = self.pool.allocate(block.request_id, block.canvas.numel())
+        self.tasks[block.request_id] = task
+        return task.alloc
+
+    def pool_alloc(self, request_id: str) -> PageAlloc:
+        return self.tasks[request_id].alloc
+
+    def install_received(self, request_id: str) -> None:
+        """The KV is in place: the block waits for a decode seat like a local prefill."""
+        if request_id in self.tasks:
+            self.ready.append(request_id)
 
     def abort(self, msg: Abort) -> None:
         task = self.tasks.pop(msg.request_id, None)
@@ -115,6 +144,10 @@ class WorkerCore:
     @property
     def outstanding_prefill_tokens(self) -> int:
         return sum(t.canvas.numel() for t in self.tasks.values() if t.alloc is None)
+
+    def load_report(self, worker_id: int, num_iterations: int) -> LoadReport:
+        return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_free_pages,
+                          self.deficit_tokens, self.last.prefill_tokens + self.last.decode_tokens, num_iterations)
 
     # ---- one iteration ----
     def step(self) -> list:
@@ -135,6 +168,10 @@ class WorkerCore:
         if not batch:
             return []
         try:
+            self.num_forwards += 1
+            n = self.config.fail_every_n_forwards
+            if n and self.num_forwards % n == 0:
+                raise RuntimeError("injected failure (fail_every_n_forwards)")
             logits = self.runner.forward(prefill_items + decode_items)
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
@@ -208,6 +245,8 @@ class WorkerCore:
             if final or not bool((t.canvas[t.start:t.end] == mask_id).any()):
                 out.append(BlockDone(t.request_id, t.msg.block_index, t.step, final))
                 self._retire(t, was_prefill=i < n_prefills)
+            elif i < n_prefills and t.msg.handoff:
+                out.append(PrefillDone(t.request_id, t.msg.block_index, t.step))   # KV held for HandoffKV
             elif i < n_prefills:
                 self.ready.append(t.request_id)
         return out

@@ -1,0 +1,171 @@
+"""AsyncEngine: the front process's API over worker processes. `generate()` validates input
+(ValueError names the field), then yields StreamEvents: one per committed step, then the final
+output. Closing the iterator early (a disconnected client) aborts the request. Never touches
+model tensors; the scheduler owns all request state."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from ..config import ServerConfig
+from ..decoding.params import SamplingParams
+from .inputs import check_request, prompt_ids
+from .placement import worker_roles
+from .request_state import RequestState
+from .scheduler import Entry, Scheduler, StreamEvent
+from .tokenize import Tokenizer, stop_token_ids
+from .worker_pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class EngineOverloaded(Exception):
+    """The bounded waiting queue is full, or the engine is draining (HTTP 503)."""
+
+
+class EngineDead(Exception):
+    """Workers are down and will not come back (restart disabled)."""
+
+
+def _devices(config: ServerConfig, n: int) -> list[str]:
+    import torch
+    want = config.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        count = torch.cuda.device_count()
+        return [f"cuda:{i % count}" for i in range(n)]
+    return [want] * n
+
+
+class AsyncEngine:
+    def __init__(self, config: ServerConfig):
+        from ..llm import model_path, request_seed
+        self.config = config
+        self.path = model_path(config)
+        self._seed_of = request_seed
+        self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
+        self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
+        self.scheduler: Scheduler | None = None
+        self.pool: WorkerPool | None = None
+        self._arrivals = itertools.count()
+        self.draining = False
+        self.dead: str | None = None
+        self.stop_ids: tuple[int, ...] = ()
+        self.started_at = time.monotonic()
+
+    # ---- lifecycle ----
+    async def start(self, timeout_s: float = 300.0) -> None:
+        loop = asyncio.get_running_loop()
+        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send)
+        self.pool = WorkerPool(self.config, str(self.path), self.roles, _devices(self.config, len(self.roles)),
+                               loop, self.scheduler.on_messages, self._on_death)
+        self.pool.start_all()
+        deadline = time.monotonic() + timeout_s
+        while not self.scheduler.ready_event.is_set():
+            if self.scheduler.failure:
+                self.pool.stop(timeout_s=5)
+                raise RuntimeError(self.scheduler.failure)
+            if time.monotonic() > deadline:
+                self.pool.stop(timeout_s=5)
+                raise RuntimeError(f"workers not ready after {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+        args = self.scheduler.model_args
+        self.model_args = args
+        self.stop_ids = stop_token_ids(self.path, args.eos_id, self.tokenizer)
+        log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop taking requests, let in-flight ones finish for up to `timeout_s` (0: abort them
+        now, finish_reason "abort"), then stop and join every worker."""
+        self.draining = True
+        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while self.scheduler and self.scheduler.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.scheduler:
+            for rid in list(self.scheduler.requests):
+                self.scheduler.abort(rid)
+        if self.pool:
+            await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.scheduler is not None and self.scheduler.ready_event.is_set() and not self.dead
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.is_ready and self.scheduler.is_healthy and not self.draining
+
+    def _send(self, wid: int, msg) -> None:
+        self.pool.send(wid, msg)
+
+    def _on_death(self, wid: int, exitcode) -> None:
+        reason = f"worker {wid} died (exit code {exitcode})"
+        log.error(reason)
+        if not self.scheduler.ready_event.is_set():
+            self.scheduler.failure = self.scheduler.failure or reason
+            return
+        if self.config.restart_workers and not self.draining:
+            ids = self.pool.restart(wid)
+            self.scheduler.counters.worker_restarts += 1
+            self.scheduler.on_worker_lost(ids, reason)
+        else:
+            self.dead = reason
+            self.scheduler.on_worker_lost(list(range(len(self.roles))), reason)
+
+    # ---- requests ----
+    def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
+                request_id: str | None = None) -> RequestState:
+        """Validate and build the request state (ValueError names the field)."""
+        params = params or SamplingParams()
+        if messages is not None:
+            if self.tokenizer is None:
+                raise ValueError("messages: chat needs a tokenizer (skip_tokenizer_init is set)")
+            text, ids = None, self.tokenizer.apply_chat_template(messages)
+        else:
+            text, ids = prompt_ids(prompt, self.tokenizer)
+        seq = next(self._arrivals)
+        resolved = params.resolve(self.config, self._seed_of(self.config.seed, seq))
+        check_request(ids, resolved, self.model_args)
+        state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, resolved,
+                             self.model_args.mask_id, self.stop_ids, seq)
+        pages = self.scheduler.pages_for(state.canvas.numel())
+        if pages > self.scheduler.min_capacity_pages():
+            raise ValueError(f"max_tokens: a canvas of {state.canvas.numel()} tokens needs {pages} KV pages; "
+                             f"a worker holds {self.scheduler.min_capacity_pages()}")
+        return state
+
+    async def generate(self, state: RequestState, stream_text: bool = False) -> AsyncIterator[StreamEvent]:
+        if self.dead:
+            raise EngineDead(self.dead)
+        if self.draining:
+            raise EngineOverloaded("server is shutting down")
+        if self.scheduler.num_waiting >= self.config.max_waiting_requests:
+            raise EngineOverloaded(f"waiting queue is full ({self.config.max_waiting_requests} requests)")
+        entry = Entry(state, asyncio.Queue(), stream_text, time.monotonic())
+        self.scheduler.add(entry)
+        finished = False
+        try:
+            while True:
+                event = await entry.events.get()
+                if event.output is not None:
+                    finished = True
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:   # the consumer went away: free the worker's KV within an iteration
+                self.scheduler.abort(state.request_id)
+
+    async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw):
+        """Convenience: the final output of one request."""
+        state = self.prepare(prompt, params, **kw)
+        async for event in self.generate(state):
+            if event.output is not None:
+                return event.output

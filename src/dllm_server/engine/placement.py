@@ -1,0 +1,54 @@
+"""Pure placement policy: which worker runs a prefill / re-prefill, and which decodes after a
+handoff. Deterministic (ties go to the lowest worker id); no clocks, no I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    worker_id: int
+    role: str                          # "colocated" | "prefill" | "decode"
+    outstanding_prefill_tokens: int
+    free_pages: int                    # reported free pages minus pending reservations
+    num_pages: int
+    available: bool                    # ready and alive
+
+
+def _least_outstanding(cands: list[WorkerLoad]) -> int | None:
+    if not cands:
+        return None
+    return min(cands, key=lambda w: (w.outstanding_prefill_tokens, w.worker_id)).worker_id
+
+
+def pick_prefill_worker(loads: list[WorkerLoad], placement: str, pages_needed: int,
+                        overflow_threshold_tokens: int) -> int | None:
+    """colocated: least outstanding prefill tokens over all workers. disaggregated: over prefill
+    workers. hybrid: like disaggregated until EVERY prefill worker has more than theta
+    outstanding, then overflow onto the least-loaded decode worker (whose decodes the worker's
+    own token budget protects). Only workers whose pool could ever hold the canvas qualify."""
+    fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
+    if placement == "colocated":
+        return _least_outstanding(fit)
+    prefill = [w for w in fit if w.role == "prefill"]
+    if placement == "hybrid":
+        if prefill and all(w.outstanding_prefill_tokens > overflow_threshold_tokens for w in prefill):
+            decode = [w for w in fit if w.role == "decode"]
+            if decode:
+                return _least_outstanding(decode)
+    return _least_outstanding(prefill)
+
+
+def pick_decode_worker(loads: list[WorkerLoad], pages_needed: int) -> int | None:
+    """The decode worker with the most free pages that can hold the block now."""
+    cands = [w for w in loads if w.available and w.role == "decode" and w.free_pages >= pages_needed]
+    if not cands:
+        return None
+    return max(cands, key=lambda w: (w.free_pages, -w.worker_id)).worker_id
+
+
+def worker_roles(placement: str, num_workers: int, num_prefill_workers: int) -> list[str]:
+    """Worker id -> role. Prefill workers come first in disaggregated / hybrid placement."""
+    if placement == "colocated":
+        return ["colocated"] * num_workers
+    return ["prefill"] * num_prefill_workers + ["decode"] * num_workers

@@ -1,0 +1,289 @@
+"""The central scheduler: one coroutine on the front process's asyncio loop that owns every
+request's state. It routes prefills and re-prefills by load, hands prefilled blocks to decode
+workers in disaggregated / hybrid placement, advances requests on worker messages, finishes,
+aborts and evicts them, and reacts to worker deaths. Placement math lives in placement.py."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..config import ServerConfig
+from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, LoadReport, PrefillDone, ReceiveKV,
+                        RequestFailed, StepDelta, SubmitBlock, WorkerFailed, WorkerReady)
+from .output import advance, visible_text
+from .placement import WorkerLoad, pick_decode_worker, pick_prefill_worker
+from .request_state import GenerationOutput, RequestState
+from .tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    """What a client sees: a step's delta (and, when streaming, the visible text so far), or the
+    final output."""
+    request_id: str
+    delta: StepDelta | None = None
+    text: str | None = None
+    output: GenerationOutput | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    state: RequestState
+    events: asyncio.Queue
+    stream_text: bool
+    arrived_at: float
+    worker: int | None = None          # worker holding the current block
+    decode_worker: int | None = None   # receiver of an in-flight handoff
+    charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
+    started: bool = False              # first step seen (no longer waiting)
+    first_token_at: float | None = None
+    handoff_steps: int = 1             # steps the block took before its handoff
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    worker_id: int
+    role: str
+    ready: bool = False
+    alive: bool = True
+    num_pages: int = 0
+    page_size: int = 16
+    pid: int | None = None
+    report: LoadReport | None = None
+    reserved_pages: int = 0
+    outstanding_prefill_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Counters:
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfers_failed: int = 0
+    prefills_overflowed: int = 0
+    worker_restarts: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: ServerConfig, roles: list[str], tokenizer: Tokenizer | None, send):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.send = send                               # (worker_id, msg) -> None
+        self.workers = [WorkerInfo(i, r) for i, r in enumerate(roles)]
+        self.requests: dict[str, Entry] = {}
+        self.pending: collections.deque[str] = collections.deque()   # no worker could take them yet
+        self.decode_ready: collections.deque[str] = collections.deque()
+        self.num_waiting = 0
+        self.counters = Counters()
+        self._transfer_seq = itertools.count()
+        self.ready_event = asyncio.Event()
+        self.failure: str | None = None                # startup failure of a worker
+        self.model_args = None                         # from WorkerReady
+
+    # ---- worker table ----
+    def loads(self) -> list[WorkerLoad]:
+        out = []
+        for w in self.workers:
+            free = (w.report.free_pages if w.report else w.num_pages) - w.reserved_pages
+            out.append(WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens, free, w.num_pages,
+                                  w.ready and w.alive))
+        return out
+
+    @property
+    def is_healthy(self) -> bool:
+        return all(w.ready and w.alive for w in self.workers)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.workers[0].page_size)
+
+    def min_capacity_pages(self) -> int:
+        roles = {"prefill"} if any(w.role == "prefill" for w in self.workers) else {"colocated"}
+        return min(w.num_pages for w in self.workers if w.role in roles)
+
+    # ---- requests ----
+    def add(self, entry: Entry) -> None:
+        self.requests[entry.state.request_id] = entry
+        self.num_waiting += 1
+        self._dispatch(entry, entry.state.submit_msg())
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        entry = self.requests.get(request_id)
+        if entry is None:
+            return
+        self._finish(entry, entry.state.finish(visible_text(entry.state, self.tokenizer), finish_reason=reason),
+                     abort_worker=True)
+
+    def _dispatch(self, entry: Entry, msg: SubmitBlock, allow_any_role: bool = False) -> None:
+        st = entry.state
+        tokens = msg.canvas.numel()
+        loads = self.loads()
+        if allow_any_role:   # fallback after a refused handoff: decode locally anywhere
+            loads = [WorkerLoad(w.worker_id, "colocated", w.outstanding_prefill_tokens, w.free_pages,
+                                w.num_pages, w.available) for w in loads]
+            wid = pick_prefill_worker(loads, "colocated", self.pages_for(tokens), 0)
+        else:
+            wid = pick_prefill_worker(loads, self.config.placement, self.pages_for(tokens),
+                                      self.config.overflow_threshold_tokens)
+        if wid is None:
+            self.pending.append(st.request_id)
+            return
+        role = self.workers[wid].role
+        if role == "decode":
+            self.counters.prefills_overflowed += 1
+        handoff = role == "prefill" and not allow_any_role
+        if handoff != msg.handoff:
+            msg = SubmitBlock(msg.request_id, msg.block_index, msg.prompt_len, msg.canvas, msg.params,
+                              msg.stop_token_ids, msg.arrival_seq, msg.step_offset, handoff)
+        entry.worker = wid
+        entry.charged = (wid, tokens)
+        self.workers[wid].outstanding_prefill_tokens += tokens
+        self.send(wid, msg)
+
+    def _uncharge(self, entry: Entry) -> None:
+        if entry.charged is not None:
+            wid, tokens = entry.charged
+            self.workers[wid].outstanding_prefill_tokens -= tokens
+            entry.charged = None
+
+    def _finish(self, entry: Entry, output: GenerationOutput, abort_worker: bool) -> None:
+        rid = entry.state.request_id
+        if abort_worker:
+            for wid in {entry.worker, entry.decode_worker} - {None}:
+                if self.workers[wid].alive:
+                    self.send(wid, Abort(rid))
+        self._release(entry)
+        if not entry.started:
+            self.num_waiting -= 1
+            entry.started = True
+        self.requests.pop(rid, None)     # evicted: memory stays bounded
+        entry.events.put_nowait(StreamEvent(rid, output=output))
+
+    def _release(self, entry: Entry) -> None:
+        self._uncharge(entry)
+        if entry.decode_worker is not None:
+            self.workers[entry.decode_worker].reserved_pages -= self.pages_for(entry.state.canvas.numel())
+            entry.decode_worker = None
+
+    # ---- worker messages ----
+    def on_messages(self, wid: int, batch: list) -> None:
+        for msg in batch:
+            if isinstance(msg, LoadReport):
+                self.workers[wid].report = msg
+            elif isinstance(msg, WorkerReady):
+                self._on_ready(msg)
+            elif isinstance(msg, WorkerFailed):
+                log.error("worker %d failed:\n%s", wid, msg.traceback)
+                if not self.ready_event.is_set():
+                    self.failure = f"worker {wid} failed to start:\n{msg.traceback}"
+            elif isinstance(msg, HandoffDone):
+                self._on_handoff_done(msg)
+            else:
+                entry = self.requests.get(msg.request_id)
+                if entry is not None:
+                    self._on_request_message(entry, wid, msg)
+        self._retry_waiting()
+
+    def _on_ready(self, msg: WorkerReady) -> None:
+        w = self.workers[msg.worker_id]
+        w.ready, w.alive, w.num_pages, w.page_size, w.pid = True, True, msg.num_pages, msg.page_size, msg.pid
+        w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
+        self.model_args = msg.model_args
+        if all(x.ready for x in self.workers):
+            self.ready_event.set()
+
+    def _on_request_message(self, entry: Entry, wid: int, msg) -> None:
+        st = entry.state
+        if isinstance(msg, StepDelta):
+            if msg.step == 0 or entry.charged is not None:
+                self._uncharge(entry)
+            if not entry.started:
+                entry.started = True
+                self.num_waiting -= 1
+            if msg.positions and entry.first_token_at is None:
+                entry.first_token_at = time.monotonic()
+        if isinstance(msg, PrefillDone):
+            self._handoff(entry, msg.num_steps)
+            return
+        outcome = advance(st, msg, self.tokenizer)
+        if isinstance(msg, StepDelta) and outcome.output is None:
+            text = visible_text(st, self.tokenizer) if entry.stream_text else None
+            entry.events.put_nowait(StreamEvent(st.request_id, delta=msg, text=text))
+        if isinstance(msg, BlockDone):
+            entry.worker = None
+            self._release(entry)
+        if outcome.output is not None:
+            self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
+        elif outcome.next_block is not None:
+            self._dispatch(entry, outcome.next_block)
+
+    # ---- disaggregated handoff ----
+    def _handoff(self, entry: Entry, steps_done: int) -> None:
+        st = entry.state
+        entry.handoff_steps = steps_done
+        pages = self.pages_for(st.canvas.numel())
+        dst = pick_decode_worker(self.loads(), pages)
+        if dst is None:
+            entry.decode_worker = None
+            self.decode_ready.append(st.request_id)
+            return
+        seq = next(self._transfer_seq)
+        self.workers[dst].reserved_pages += pages
+        entry.decode_worker = dst
+        block = st.submit_msg()
+        block = SubmitBlock(block.request_id, block.block_index, block.prompt_len, block.canvas, block.params,
+                            block.stop_token_ids, block.arrival_seq, steps_done, False)
+        self.send(dst, ReceiveKV(block, entry.worker, seq))
+        self.send(entry.worker, HandoffKV(st.request_id, dst, seq))
+
+    def _on_handoff_done(self, msg: HandoffDone) -> None:
+        entry = self.requests.get(msg.request_id)
+        if msg.is_sender:
+            self.counters.kv_transfer_bytes += msg.num_bytes
+            self.counters.kv_transfer_seconds += msg.seconds
+            return
+        if entry is None:
+            return
+        if entry.decode_worker is not None:
+            self.workers[entry.decode_worker].reserved_pages -= self.pages_for(entry.state.canvas.numel())
+        dst, entry.decode_worker = entry.decode_worker, None
+        if msg.ok:
+            entry.worker = dst
+            return
+        self.counters.kv_transfers_failed += 1
+        entry.worker = None
+        st = entry.state
+        retry = st.submit_msg()
+        retry = SubmitBlock(retry.request_id, retry.block_index, retry.prompt_len, retry.canvas, retry.params,
+                            retry.stop_token_ids, retry.arrival_seq, entry.handoff_steps, False)
+        self._dispatch(entry, retry, allow_any_role=True)
+
+    def _retry_waiting(self) -> None:
+        for _ in range(len(self.decode_ready)):
+            entry = self.requests.get(self.decode_ready.popleft())
+            if entry is not None:
+                self._handoff(entry, entry.handoff_steps)
+        for _ in range(len(self.pending)):
+            entry = self.requests.get(self.pending.popleft())
+            if entry is not None:
+                self._dispatch(entry, entry.state.submit_msg())
+
+    # ---- failures ----
+    def on_worker_lost(self, worker_ids: list[int], reason: str) -> None:
+        """Fail (never hang) every request whose block lives on a lost worker."""
+        lost = set(worker_ids)
+        for wid in lost:
+            w = self.workers[wid]
+            w.alive = w.ready = False
+            w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
+        for entry in list(self.requests.values()):
+            if {entry.worker, entry.decode_worker} & lost:
+                entry.charged = None if entry.charged and entry.charged[0] in lost else entry.charged
+                if entry.decode_worker in lost:
+                    entry.decode_worker = None
+                self._finish(entry, entry.state.finish(visible_text(entry.state, self.tokenizer),
+                                                       finish_reason="error", error=reason), abort_worker=True)

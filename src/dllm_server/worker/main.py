@@ -1,0 +1,117 @@
+"""Worker process entry: build model + KV pool + core, say WorkerReady, then pump the inbox,
+run iterations and send each iteration's messages in one put. Policy lives in the core."""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..config import ServerConfig
+from ..messages import (Abort, HandoffDone, HandoffKV, ReceiveKV, RequestFailed, Shutdown, SubmitBlock,
+                        WorkerFailed, WorkerReady)
+from ..model.loader import load_model
+from .core import WorkerCore
+from .kv_transfer import TransferTable, gather_kv, kv_shape, scatter_kv
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    worker_id: int
+    role: str                 # "colocated" | "prefill" | "decode"
+    device: str
+    num_threads: int
+    model_path: str
+    world_size: int           # > 1: join a torch.distributed group for KV transfer
+    dist_port: int
+
+
+def worker_main(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
+    try:
+        _run(spec, config, inbox, outbox)
+    except Exception:
+        outbox.put([WorkerFailed(spec.worker_id, traceback.format_exc())])
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
+    torch.set_num_threads(spec.num_threads)
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model, args, dtype = load_model(spec.model_path, config.dtype, device)
+    core = WorkerCore(config, model, args, dtype, device, config.pages_per_worker)
+    if spec.world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{spec.dist_port}",
+                                rank=spec.worker_id, world_size=spec.world_size)
+    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, args, os.getpid())])
+    transfers = TransferTable()
+    deferred_aborts: set[str] = set()
+    iterations = 0
+    while True:
+        idle = not core.has_work and not transfers.pending
+        msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
+        out: list = []
+        in_transfer = {t.request_id for t in transfers.pending}
+        for m in msgs:
+            if isinstance(m, SubmitBlock):
+                out += core.submit(m)
+            elif isinstance(m, Abort):
+                if m.request_id in in_transfer:
+                    deferred_aborts.add(m.request_id)      # pages stay until the peer is done
+                else:
+                    core.abort(m)
+            elif isinstance(m, HandoffKV):
+                held = core.held_alloc(m.request_id)
+                if held is None:   # never expected: the engine hands off only held blocks
+                    out.append(RequestFailed(m.request_id, "handoff of a block this worker does not hold"))
+                    continue
+                transfers.send(m.request_id, gather_kv(core.pool, *held), m.dst_worker, m.transfer_seq)
+                in_transfer.add(m.request_id)
+            elif isinstance(m, ReceiveKV):
+                alloc = core.reserve_received(m.block)
+                transfers.receive(m.block.request_id, kv_shape(core.pool, m.block.canvas.numel()), dtype,
+                                  device, m.src_worker, m.transfer_seq, ok=alloc is not None)
+                in_transfer.add(m.block.request_id)
+            elif isinstance(m, Shutdown):
+                return
+        for t in transfers.completed():
+            seconds = time.perf_counter() - t.started_at
+            if t.error is not None:
+                raise RuntimeError(f"KV transfer with worker {t.peer} failed: {t.error}")
+            if t.is_sender:
+                core.abort(Abort(t.request_id))            # the block lives on at the receiver
+            elif t.ok:
+                scatter_kv(core.pool, core.pool_alloc(t.request_id), t.buffer)
+                core.install_received(t.request_id)
+            out.append(HandoffDone(t.request_id, spec.worker_id, t.is_sender, t.ok,
+                                   t.buffer.numel() * t.buffer.element_size(), seconds))
+            if t.request_id in deferred_aborts:
+                deferred_aborts.discard(t.request_id)
+                core.abort(Abort(t.request_id))
+        if core.has_work:
+            out += core.step()
+            iterations += 1
+        if out or msgs:
+            out.append(core.load_report(spec.worker_id, iterations))
+            outbox.put(out)
+
+
+def _drain(inbox, timeout: float) -> list:
+    msgs = []
+    try:
+        msgs.append(inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait())
+        while True:
+            msgs.append(inbox.get_nowait())
+    except queue.Empty:
+        pass
+    return msgs
