@@ -61,12 +61,12 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
         idle = not core.has_work and not transfers.pending
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         out: list = []
-        in_transfer = {t.request_id for t in transfers.pending}
+        receiving = {t.request_id for t in transfers.pending if not t.is_sender}
         for m in msgs:
             if isinstance(m, SubmitBlock):
                 out += core.submit(m)
             elif isinstance(m, Abort):
-                if m.request_id in in_transfer:
+                if m.request_id in receiving:
                     deferred_aborts.add(m.request_id)      # pages stay until the peer is done
                 else:
                     core.abort(m)
@@ -75,22 +75,23 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
                 if held is None:   # never expected: the engine hands off only held blocks
                     out.append(RequestFailed(m.request_id, "handoff of a block this worker does not hold"))
                     continue
-                transfers.send(m.request_id, gather_kv(core.pool, *held), m.dst_worker, m.transfer_seq)
-                in_transfer.add(m.request_id)
+                # Send a copy: the pages go back to the pool now, so the next block of this
+                # request can come back here before the send has finished.
+                data = gather_kv(core.pool, *held)
+                core.abort(Abort(m.request_id))
+                transfers.send(m.request_id, data, m.dst_worker, m.transfer_seq)
             elif isinstance(m, ReceiveKV):
                 alloc = core.reserve_received(m.block)
                 transfers.receive(m.block.request_id, kv_shape(core.pool, m.block.canvas.numel()), dtype,
                                   device, m.src_worker, m.transfer_seq, ok=alloc is not None)
-                in_transfer.add(m.block.request_id)
+                receiving.add(m.block.request_id)
             elif isinstance(m, Shutdown):
                 return
         for t in transfers.completed():
             seconds = time.perf_counter() - t.started_at
             if t.error is not None:
                 raise RuntimeError(f"KV transfer with worker {t.peer} failed: {t.error}")
-            if t.is_sender:
-                core.abort(Abort(t.request_id))            # the block lives on at the receiver
-            elif t.ok:
+            if not t.is_sender and t.ok:
                 scatter_kv(core.pool, core.pool_alloc(t.request_id), t.buffer)
                 core.install_received(t.request_id)
             out.append(HandoffDone(t.request_id, spec.worker_id, t.is_sender, t.ok,

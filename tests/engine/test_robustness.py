@@ -1,0 +1,103 @@
+"""Aborts, injected errors, oversized requests and a killed worker: nothing hangs, nothing leaks."""
+import asyncio
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from dllm_server import SamplingParams
+from dllm_server.engine.async_engine import EngineDead
+
+from .conftest import running
+
+
+async def _quiesce(engine, timeout_s=20):
+    """Wait until every worker's latest report shows a full page pool."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ws = engine.scheduler.workers
+        if all(w.report is not None and w.report.free_pages == w.num_pages for w in ws):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError([(w.worker_id, w.report) for w in engine.scheduler.workers])
+
+
+async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_config):
+    config = engine_config.replace(num_workers=2, fail_every_n_forwards=23)
+    rng = random.Random(3)
+    async with running(config) as engine:
+        async def one(i):
+            state = engine.prepare({"prompt_token_ids": [i % 200 + 1, 7, 9]},
+                                   SamplingParams(max_tokens=rng.choice([8, 24, 40]), ignore_eos=True))
+            task = asyncio.ensure_future(_consume(engine, state))
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.random() * 0.2)
+                task.cancel()
+            try:
+                return await task
+            except asyncio.CancelledError:
+                return "cancelled"
+
+        results = await asyncio.gather(*[one(i) for i in range(200)])
+        reasons = {r if isinstance(r, str) else r.finish_reason for r in results}
+        assert "error" in reasons and "cancelled" in reasons and "length" in reasons
+        await _quiesce(engine)
+        assert not engine.scheduler.requests and engine.scheduler.num_waiting == 0
+        assert not engine.scheduler.pending and not engine.scheduler.decode_ready
+
+
+async def _consume(engine, state):
+    async for event in engine.generate(state):
+        if event.output is not None:
+            return event.output
+
+
+async def test_request_larger_than_any_pool_is_refused_at_once(engine_config):
+    async with running(engine_config.replace(num_pages=6, page_size=16)) as engine:   # 96 tokens
+        t = time.monotonic()
+        with pytest.raises(ValueError, match="KV pages"):
+            engine.prepare({"prompt_token_ids": [1] * 50}, SamplingParams(max_tokens=64))
+        assert time.monotonic() - t < 1
+        outs = await asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1, 2]}, SamplingParams(max_tokens=40))
+                                      for i in range(6)])
+        assert all(o.finish_reason in ("stop", "length") for o in outs)
+
+
+async def test_kill_9_of_a_worker_fails_fast_then_recovers(engine_config):
+    async with running(engine_config.replace(num_workers=2)) as engine:
+        params = SamplingParams(max_tokens=200, ignore_eos=True, steps=200)   # slow: one token per forward
+        tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3]}, params)) for i in range(50)]
+        ended_at = {}
+        for i, t in enumerate(tasks):
+            t.add_done_callback(lambda _, i=i: ended_at.setdefault(i, time.monotonic()))
+        await asyncio.sleep(1.0)
+        victim = engine.pool.pid(0)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        await asyncio.wait(tasks, timeout=120)
+        outs = [t.result() for t in tasks]
+        errors = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
+        assert errors and all("worker 0 died" in outs[i].error for i in errors)
+        assert all(o.finish_reason in ("length", "error") for o in outs)
+        assert max(ended_at[i] for i in errors) - killed_at < 5.0
+        assert engine.scheduler.counters.worker_restarts == 1
+        deadline = time.monotonic() + 60
+        while not engine.is_healthy and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert engine.is_healthy and engine.pool.pid(0) != victim
+        more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
+                                      for i in range(20)])
+        assert all(o.finish_reason in ("stop", "length") for o in more)
+
+
+async def test_without_restart_the_engine_is_dead(engine_config):
+    async with running(engine_config.replace(restart_workers=False)) as engine:
+        os.kill(engine.pool.pid(0), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not engine.dead and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert engine.dead
+        with pytest.raises(EngineDead):
+            await engine.run({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=8))
