@@ -50,6 +50,10 @@ class ServerConfig:
     port: int = _f(8000, "bind port")
     api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
     max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503")
+    default_chat_max_tokens: int = _f(128, "max_tokens of a chat request that gives none")
+    default_completion_max_tokens: int = _f(16, "max_tokens of a completion request that gives none (OpenAI's 16)")
+    allowed_origins: str = _f("*", "CORS allowed origins, comma-separated")
+    keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence")
     shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests")
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
     # --- testing only ---

@@ -110,6 +110,8 @@ class LoadReport:
     deficit_tokens: int
     iteration_tokens: int             # tokens the last iteration fed (prefill + decode)
     num_iterations: int
+    iteration_s: float = 0.0          # last iteration, whole loop turn (inbox, step, outbox)
+    forward_s: float = 0.0            # of which the model forward
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ MAX_SEED = 2**63 - 1
 class SamplingParams:
     max_tokens: int = 128
     temperature: float = 0.0
+    top_p: float = 1.0
     threshold: float | None = None
     factor: float | None = None
     steps: int | None = None
@@ -41,6 +42,8 @@ class SamplingParams:
             bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not is_num(self.temperature) or self.temperature < 0:
             bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if self.threshold is not None and (not is_num(self.threshold) or not 0 <= self.threshold <= 1):
             bad("threshold", f"must be in [0, 1], got {self.threshold!r}")
         if self.factor is not None and (not is_num(self.factor) or self.factor <= 0):

@@ -22,14 +22,24 @@ def step_generator(seed: int, block_index: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(x & ((1 << 63) - 1))
 
 
+def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability reaches top_p (at least one)."""
+    probs = torch.softmax(x, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return x.masked_fill(drop, float("-inf"))
+
+
 def propose(logits: torch.Tensor, temperature: list[float], generators: list[torch.Generator | None],
-            widths: list[int], banned_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+            widths: list[int], banned_id: int, top_p: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposed token and its confidence for every position.
 
     logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
     many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
-    float64. Confidence is the *untempered* softmax probability of the proposal (LLaDA /
-    Fast-dLLM). `banned_id` (the mask token) can never be proposed.
+    float64, after an optional top-p filter of the tempered distribution. Confidence is the
+    *untempered* softmax probability of the proposal (LLaDA / Fast-dLLM). `banned_id` (the
+    mask token) can never be proposed.
     """
     x = logits.to(torch.float64)
     x[..., banned_id] = float("-inf")
@@ -40,7 +50,10 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
             w = widths[b]
             u = torch.rand((w, x.shape[-1]), generator=generators[b], dtype=torch.float64)
             gumbel = -torch.log(-torch.log(u))
-            tokens[b, :w] = (x[b, :w] / temp + gumbel).argmax(dim=-1)
+            tempered = x[b, :w] / temp
+            if top_p is not None and top_p[b] < 1.0:
+                tempered = top_p_filter(tempered, top_p[b])
+            tokens[b, :w] = (tempered + gumbel).argmax(dim=-1)
     confidence = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).exp()
     return tokens, confidence
 

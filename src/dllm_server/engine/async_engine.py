@@ -58,6 +58,7 @@ class AsyncEngine:
         self.dead: str | None = None
         self.stop_ids: tuple[int, ...] = ()
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
 
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
@@ -141,15 +142,23 @@ class AsyncEngine:
                              f"a worker holds {self.scheduler.min_capacity_pages()}")
         return state
 
-    async def generate(self, state: RequestState, stream_text: bool = False) -> AsyncIterator[StreamEvent]:
+    def submit(self, state: RequestState, stream_text: bool = False, stream_canvas: bool = False) -> Entry:
+        """Admit a prepared request (synchronously, so a refusal comes before any response)."""
         if self.dead:
             raise EngineDead(self.dead)
         if self.draining:
             raise EngineOverloaded("server is shutting down")
+        if not self.is_ready:
+            raise EngineOverloaded("engine is starting")
         if self.scheduler.num_waiting >= self.config.max_waiting_requests:
-            raise EngineOverloaded(f"waiting queue is full ({self.config.max_waiting_requests} requests)")
-        entry = Entry(state, asyncio.Queue(), stream_text, time.monotonic())
+            raise EngineOverloaded(f"the request queue is full ({self.config.max_waiting_requests} waiting)")
+        entry = Entry(state, asyncio.Queue(), stream_text, time.monotonic(), stream_canvas)
         self.scheduler.add(entry)
+        return entry
+
+    async def generate(self, state: RequestState | Entry, stream_text: bool = False) -> AsyncIterator[StreamEvent]:
+        entry = state if isinstance(state, Entry) else self.submit(state, stream_text)
+        state = entry.state
         finished = False
         try:
             while True:
@@ -165,7 +174,9 @@ class AsyncEngine:
 
     async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw):
         """Convenience: the final output of one request."""
-        state = self.prepare(prompt, params, **kw)
+        return await self.run_state(self.prepare(prompt, params, **kw))
+
+    async def run_state(self, state: RequestState):
         async for event in self.generate(state):
             if event.output is not None:
                 return event.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..messages import BlockDone, RequestFailed, StepDelta, SubmitBlock
+from ..decoding.stop import visible_len
 from .request_state import GenerationOutput, RequestState
 from .tokenize import Tokenizer
 
@@ -18,6 +19,28 @@ class Outcome:
 
 def visible_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
     return tokenizer.decode(st.committed_prefix()) if tokenizer is not None else ""
+
+
+MASK_GLYPH = "\u2591"
+
+
+def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
+    """The visible answer with every still-masked position shown as MASK_GLYPH."""
+    if tokenizer is None:
+        return ""
+    answer = st.answer[: visible_len(st.answer, st.stop_ids_tensor, st.params.max_tokens, st.params.ignore_eos)]
+    parts, run = [], []
+    for tok in answer.tolist():
+        if tok == st.mask_id:
+            if run:
+                parts.append(tokenizer.decode(run))
+                run = []
+            parts.append(MASK_GLYPH)
+        else:
+            run.append(tok)
+    if run:
+        parts.append(tokenizer.decode(run))
+    return "".join(parts)
 
 
 def advance(st: RequestState, msg, tokenizer: Tokenizer | None) -> Outcome:

@@ -24,6 +24,7 @@ class GenerationStats:
     num_forwards: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     num_blocks_run: int = 0
+    num_committed: int = 0
 
     def tokens_per_forward(self, num_tokens: int) -> float:
         return num_tokens / self.num_forwards if self.num_forwards else 0.0
@@ -73,6 +74,7 @@ class RequestState:
         if delta.positions:
             self.canvas[list(delta.positions)] = torch.tensor(delta.token_ids, dtype=torch.int64)
         self.stats.num_forwards += 1
+        self.stats.num_committed += len(delta.positions)
 
     def block_done(self, num_steps: int) -> None:
         self.stats.steps_per_block.append(num_steps)

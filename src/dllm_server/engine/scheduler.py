@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..config import ServerConfig
 from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, LoadReport, PrefillDone, ReceiveKV,
                         RequestFailed, StepDelta, SubmitBlock, WorkerFailed, WorkerReady)
-from .output import advance, visible_text
+from .output import advance, canvas_text, visible_text
 from .placement import WorkerLoad, pick_decode_worker, pick_prefill_worker
 from .request_state import GenerationOutput, RequestState
 from .tokenize import Tokenizer
@@ -29,6 +29,7 @@ class StreamEvent:
     request_id: str
     delta: StepDelta | None = None
     text: str | None = None
+    canvas: str | None = None
     output: GenerationOutput | None = None
 
 
@@ -38,11 +39,13 @@ class Entry:
     events: asyncio.Queue
     stream_text: bool
     arrived_at: float
+    stream_canvas: bool = False
     worker: int | None = None          # worker holding the current block
     decode_worker: int | None = None   # receiver of an in-flight handoff
     charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
     started: bool = False              # first step seen (no longer waiting)
     first_token_at: float | None = None
+    first_step_at: float | None = None
     handoff_steps: int = 1             # steps the block took before its handoff
 
 
@@ -67,6 +70,7 @@ class Counters:
     kv_transfers_failed: int = 0
     prefills_overflowed: int = 0
     worker_restarts: int = 0
+    canvas_positions: int = 0
 
 
 class Scheduler:
@@ -80,6 +84,7 @@ class Scheduler:
         self.decode_ready: collections.deque[str] = collections.deque()
         self.num_waiting = 0
         self.counters = Counters()
+        self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self._transfer_seq = itertools.count()
         self.ready_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
@@ -173,6 +178,10 @@ class Scheduler:
     def on_messages(self, wid: int, batch: list) -> None:
         for msg in batch:
             if isinstance(msg, LoadReport):
+                prev = self.workers[wid].report
+                if prev is None or msg.num_iterations > prev.num_iterations:
+                    self.trace.append((time.monotonic(), msg))
+                    self.counters.canvas_positions += msg.iteration_tokens
                 self.workers[wid].report = msg
             elif isinstance(msg, WorkerReady):
                 self._on_ready(msg)
@@ -204,6 +213,8 @@ class Scheduler:
             if not entry.started:
                 entry.started = True
                 self.num_waiting -= 1
+            if entry.first_step_at is None:
+                entry.first_step_at = time.monotonic()
             if msg.positions and entry.first_token_at is None:
                 entry.first_token_at = time.monotonic()
         if isinstance(msg, PrefillDone):
@@ -212,7 +223,8 @@ class Scheduler:
         outcome = advance(st, msg, self.tokenizer)
         if isinstance(msg, StepDelta) and outcome.output is None:
             text = visible_text(st, self.tokenizer) if entry.stream_text else None
-            entry.events.put_nowait(StreamEvent(st.request_id, delta=msg, text=text))
+            canvas = canvas_text(st, self.tokenizer) if entry.stream_canvas else None
+            entry.events.put_nowait(StreamEvent(st.request_id, delta=msg, text=text, canvas=canvas))
         if isinstance(msg, BlockDone):
             entry.worker = None
             self._release(entry)

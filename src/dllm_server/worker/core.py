@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +53,7 @@ class IterationStats:
     num_decodes: int = 0
     deficit_tokens: int = 0
     memory_stalled: bool = False
+    forward_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -145,9 +147,10 @@ class WorkerCore:
     def outstanding_prefill_tokens(self) -> int:
         return sum(t.canvas.numel() for t in self.tasks.values() if t.alloc is None)
 
-    def load_report(self, worker_id: int, num_iterations: int) -> LoadReport:
+    def load_report(self, worker_id: int, num_iterations: int, iteration_s: float) -> LoadReport:
         return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_free_pages,
-                          self.deficit_tokens, self.last.prefill_tokens + self.last.decode_tokens, num_iterations)
+                          self.deficit_tokens, self.last.prefill_tokens + self.last.decode_tokens, num_iterations,
+                          iteration_s, self.last.forward_s)
 
     # ---- one iteration ----
     def step(self) -> list:
@@ -165,6 +168,7 @@ class WorkerCore:
         self.last.decode_tokens = decode_tokens
         self.last.num_prefills, self.last.num_decodes = len(prefills), len(decodes)
         batch = prefills + decodes
+        self.last.forward_s = 0.0
         if not batch:
             return []
         try:
@@ -172,7 +176,9 @@ class WorkerCore:
             n = self.config.fail_every_n_forwards
             if n and self.num_forwards % n == 0:
                 raise RuntimeError("injected failure (fail_every_n_forwards)")
+            t0 = time.perf_counter()
             logits = self.runner.forward(prefill_items + decode_items)
+            self.last.forward_s = time.perf_counter() - t0
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
             out = []
@@ -220,7 +226,8 @@ class WorkerCore:
         needs_rng = [t.msg.params.temperature > 0 or t.msg.params.remasking == "random" for t in batch]
         gens = [unmask.step_generator(t.msg.params.seed, t.msg.block_index, t.step) if r else None
                 for t, r in zip(batch, needs_rng)]
-        tokens, conf = unmask.propose(logits, [t.msg.params.temperature for t in batch], gens, widths, mask_id)
+        tokens, conf = unmask.propose(logits, [t.msg.params.temperature for t in batch], gens, widths, mask_id,
+                                      [t.msg.params.top_p for t in batch])
         score = unmask.random_scores(widths, gens, width, [t.msg.params.remasking == "random" for t in batch], conf)
         nan = float("nan")
         threshold = torch.tensor([t.msg.params.threshold for t in batch], dtype=torch.float64)

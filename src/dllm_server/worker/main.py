@@ -58,6 +58,7 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
     deferred_aborts: set[str] = set()
     iterations = 0
     while True:
+        turn_start = time.perf_counter()
         idle = not core.has_work and not transfers.pending
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         out: list = []
@@ -103,7 +104,8 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
             out += core.step()
             iterations += 1
         if out or msgs:
-            out.append(core.load_report(spec.worker_id, iterations))
+            # The turn's time covers inbox, step and building the batch; the put is the last act.
+            out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start))
             outbox.put(out)
 
 

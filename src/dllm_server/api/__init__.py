@@ -1,0 +1,1 @@
+"""HTTP layer: OpenAI-compatible routes, SSE, errors, auth and metrics over AsyncEngine."""

@@ -1,0 +1,99 @@
+"""Prometheus metrics (`dllm:` names, plus the `vllm:diffusion_*` counters that `vllm bench serve`
+reads). Histograms and counters are observed in the front process when a request finishes;
+gauges and worker figures are collected from engine state at scrape time."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class EngineCollector:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.model = model_name
+
+    def collect(self):
+        sched = self.engine.scheduler
+        labels = ["model_name"]
+        running = GaugeMetricFamily("dllm:num_requests_running", "requests with a block on a worker", labels=labels)
+        waiting = GaugeMetricFamily("dllm:num_requests_waiting", "requests not yet started", labels=labels)
+        usage = GaugeMetricFamily("dllm:kv_cache_usage_perc", "used fraction of all KV pages", labels=labels)
+        budget = GaugeMetricFamily("dllm:worker_iteration_tokens", "tokens fed by a worker's last iteration",
+                                   labels=labels + ["worker"])
+        deficit = GaugeMetricFamily("dllm:worker_deficit_tokens", "deficit carried by a worker's scheduler",
+                                    labels=labels + ["worker"])
+        healthy = GaugeMetricFamily("dllm:worker_up", "1 when the worker is ready and alive", labels=labels + ["worker"])
+        xfer_b = CounterMetricFamily("dllm:kv_transfer_bytes", "KV bytes sent between workers", labels=labels)
+        xfer_s = CounterMetricFamily("dllm:kv_transfer_seconds", "seconds spent sending KV", labels=labels)
+        canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
+        canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
+                                       labels=labels)
+        if sched is not None:
+            n_wait = sched.num_waiting
+            running.add_metric([self.model], len(sched.requests) - n_wait)
+            waiting.add_metric([self.model], n_wait)
+            total = used = 0
+            for w in sched.workers:
+                total += w.num_pages
+                if w.report is not None:
+                    used += w.num_pages - w.report.free_pages
+                    budget.add_metric([self.model, str(w.worker_id)], w.report.iteration_tokens)
+                    deficit.add_metric([self.model, str(w.worker_id)], w.report.deficit_tokens)
+                healthy.add_metric([self.model, str(w.worker_id)], 1.0 if (w.ready and w.alive) else 0.0)
+            usage.add_metric([self.model], used / total if total else 0.0)
+            xfer_b.add_metric([self.model], sched.counters.kv_transfer_bytes)
+            xfer_s.add_metric([self.model], sched.counters.kv_transfer_seconds)
+            canvas.add_metric([self.model], sched.counters.canvas_positions)
+            canvas_v.add_metric([self.model], sched.counters.canvas_positions)
+        yield from (running, waiting, usage, budget, deficit, healthy, xfer_b, xfer_s, canvas, canvas_v)
+
+
+class Metrics:
+    def __init__(self, engine, model_name: str):
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model_name"]
+        self.model = model_name
+        self.ttft = Histogram("dllm:time_to_first_token_seconds", "time to first committed text", m,
+                              registry=r, buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("dllm:e2e_request_latency_seconds", "request latency", m, registry=r,
+                             buckets=LATENCY_BUCKETS)
+        self.queue = Histogram("dllm:request_queue_time_seconds", "arrival to first step", m, registry=r,
+                               buckets=LATENCY_BUCKETS)
+        self.tpf = Histogram("dllm:tokens_per_forward", "committed tokens per forward, per request", m,
+                             registry=r, buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32))
+        self.steps_per_block = Histogram("dllm:steps_per_block", "forwards per block", m, registry=r,
+                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
+        self.prompt_tokens = Counter("dllm:prompt_tokens", "prompt tokens", m, registry=r)
+        self.generation_tokens = Counter("dllm:generation_tokens", "output tokens", m, registry=r)
+        self.success = Counter("dllm:request_success", "finished requests", m + ["finished_reason"], registry=r)
+        self.steps = Counter("dllm:denoising_steps", "forwards run for requests (per request)", m, registry=r)
+        self.committed = Counter("dllm:committed_tokens", "positions committed", m, registry=r)
+        self.v_steps = Counter("vllm:diffusion_num_denoising_steps", "denoising steps", m, registry=r)
+        self.v_committed = Counter("vllm:diffusion_num_committed_tokens", "committed tokens", m, registry=r)
+        r.register(EngineCollector(engine, model_name))
+
+    def observe_finished(self, output, arrived_at: float, first_step_at: float | None,
+                         first_text_at: float | None, finished_at: float) -> None:
+        m = self.model
+        self.e2e.labels(m).observe(finished_at - arrived_at)
+        if first_step_at is not None:
+            self.queue.labels(m).observe(first_step_at - arrived_at)
+        if first_text_at is not None:
+            self.ttft.labels(m).observe(first_text_at - arrived_at)
+        self.prompt_tokens.labels(m).inc(len(output.prompt_token_ids))
+        self.generation_tokens.labels(m).inc(len(output.token_ids))
+        self.success.labels(m, output.finish_reason).inc()
+        stats = output.stats
+        self.steps.labels(m).inc(stats.num_forwards)
+        self.v_steps.labels(m).inc(stats.num_forwards)
+        self.committed.labels(m).inc(stats.num_committed)
+        self.v_committed.labels(m).inc(stats.num_committed)
+        if stats.num_forwards:
+            self.tpf.labels(m).observe(output.tokens_per_forward)
+        for s in stats.steps_per_block:
+            self.steps_per_block.labels(m).observe(s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,146 @@
+"""Pydantic models of the OpenAI wire format (as vLLM accepts it) plus our diffusion extras,
+and their conversion to SamplingParams. No I/O here."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..decoding.params import MAX_SEED, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIModel(BaseModel):
+    # Unknown fields are accepted, logged and ignored (vLLM's behaviour).
+    model_config = ConfigDict(extra="allow")
+
+    def ignored_fields(self) -> list[str]:
+        return sorted((self.model_extra or {}).keys())
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+    include_progress: bool = Field(False, description="dllm: stream denoising progress chunks (choices: [])")
+
+
+class DiffusionFields(OpenAIModel):
+    """Sampling fields shared by chat and completions, plus the diffusion extras."""
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    user: str | None = None
+    ignore_eos: bool = False
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # diffusion extras
+    block_length: int | None = Field(None, ge=1, le=1024)
+    threshold: float | None = Field(None, ge=0, le=1)
+    factor: float | None = Field(None, gt=0, le=1e6)
+    steps: int | None = Field(None, ge=1, le=1_000_000)
+    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    return_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream=true")
+        if self.logprobs not in (None, False, 0) or self.top_logprobs:
+            raise ValueError("logprobs: not supported for diffusion models (no left-to-right likelihood)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ValueError(f"{name}: not supported for diffusion models")
+        if isinstance(self.stop, list) and len(self.stop) > 16:
+            raise ValueError("stop: at most 16 stop strings")
+        return self
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=0.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, threshold=self.threshold, factor=self.factor,
+            steps=self.steps, remasking=self.remasking, ignore_eos=self.ignore_eos, seed=self.seed,
+            stop=tuple(stop) if stop else None, block_length=self.block_length)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def include_progress(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_progress)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(OpenAIModel):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Union[str, list[TextPart]]
+    name: str | None = None
+
+    def as_template_message(self) -> dict[str, Any]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatCompletionRequest(DiffusionFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+
+
+class CompletionRequest(DiffusionFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_checks(self):
+        if self.echo:
+            raise ValueError("echo: not supported")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt: must not be empty")
+        return self
+
+    def prompts(self) -> list[Any]:
+        """Each prompt as the engine takes it: a string or {"prompt_token_ids": [...]}."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, str) for x in p):
+            return list(p)
+        if all(isinstance(x, int) for x in p):
+            return [{"prompt_token_ids": list(p)}]
+        return [{"prompt_token_ids": list(x)} for x in p]
+
+
+class TokenizeRequest(OpenAIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+REQUEST_MODELS = {"ChatCompletionRequest": ChatCompletionRequest, "CompletionRequest": CompletionRequest,
+                  "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest}

@@ -1,0 +1,321 @@
+"""HTTP handlers: chat and text completions (JSON or SSE), models, health, metrics, version,
+tokenize / detokenize. Validation and tokenisation happen before any response is started."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .. import __version__
+from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
+from ..engine.scheduler import Entry
+from . import sse
+from .errors import APIError, from_validation_error, from_value_error
+from .metrics import Metrics
+from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DiffusionFields,
+                       TokenizeRequest)
+
+log = logging.getLogger(__name__)
+
+
+class Routes:
+    def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics):
+        self.engine = engine
+        self.model_name = model_name
+        self.metrics = metrics
+        self._probe: asyncio.Future | None = None
+
+    # ---- helpers ----
+    async def _parse(self, request: Request, model: type[BaseModel]):
+        body = await request.body()
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "request body is not valid JSON")
+        if not isinstance(data, dict):
+            raise APIError(400, "request body must be a JSON object")
+        try:
+            req = model.model_validate(data)
+        except ValidationError as exc:
+            raise from_validation_error(exc)
+        ignored = req.ignored_fields() if hasattr(req, "ignored_fields") else []
+        if ignored:
+            log.info("ignoring unknown request fields: %s", ", ".join(ignored))
+        if getattr(req, "model", None) not in (None, self.model_name):
+            raise APIError(404, f"The model `{req.model}` does not exist.", "model")
+        return req
+
+    def _check_serving(self) -> None:
+        if self.engine.dead:
+            raise APIError(500, f"engine is dead: {self.engine.dead}")
+        if self.engine.draining:
+            raise APIError(503, "server is shutting down", headers={"Retry-After": "5"})
+        if not self.engine.is_ready:
+            raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
+
+    def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
+                chat: bool) -> list[Entry]:
+        self._check_serving()
+        try:
+            params = req.sampling_params(default_max)
+            states = []
+            for i, p in enumerate(prompts):
+                rid = f"{request_id}-{i}" if len(prompts) > 1 else request_id
+                if chat:
+                    states.append(self.engine.prepare(params=params, messages=p, request_id=rid))
+                else:
+                    states.append(self.engine.prepare(p, params, request_id=rid))
+        except ValueError as exc:
+            raise from_value_error(exc)
+        entries = []
+        try:
+            for st in states:
+                entries.append(self.engine.submit(st, stream_text=req.stream, stream_canvas=req.include_progress))
+        except EngineOverloaded as exc:
+            for e in entries:
+                self.engine.scheduler.abort(e.state.request_id)
+            raise APIError(503, str(exc), headers={"Retry-After": "2"})
+        except EngineDead as exc:
+            raise APIError(500, f"engine is dead: {exc}")
+        return entries
+
+    def _usage(self, outputs) -> dict:
+        p = sum(len(o.prompt_token_ids) for o in outputs)
+        c = sum(len(o.token_ids) for o in outputs)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _observe(self, entry: Entry, output) -> None:
+        self.metrics.observe_finished(output, entry.arrived_at, entry.first_step_at, entry.first_token_at,
+                                      time.monotonic())
+
+    # ---- generation endpoints ----
+    async def chat_completions(self, request: Request) -> Response:
+        req = await self._parse(request, ChatCompletionRequest)
+        messages = [m.as_template_message() for m in req.messages]
+        rid = "chatcmpl-" + request.state.request_id
+        entries = self._submit([messages], req, self.engine.config.default_chat_max_tokens, rid, chat=True)
+        return await self._respond(request, req, entries, rid, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        req = await self._parse(request, CompletionRequest)
+        rid = "cmpl-" + request.state.request_id
+        entries = self._submit(req.prompts(), req, self.engine.config.default_completion_max_tokens, rid,
+                               chat=False)
+        return await self._respond(request, req, entries, rid, chat=False)
+
+    async def _respond(self, request: Request, req: DiffusionFields, entries: list[Entry], rid: str,
+                       chat: bool) -> Response:
+        created = int(time.time())
+        if req.stream:
+            body = sse.with_keep_alive(self._stream(req, entries, rid, created, chat),
+                                       self.engine.config.keep_alive_s)
+            return StreamingResponse(body, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        outputs = await _until_disconnect(request, self._collect(entries))
+        if outputs is None:            # the client went away: its requests are aborted
+            return Response(status_code=499)
+        for o in outputs:
+            if o.finish_reason == "error":
+                raise APIError(500, f"generation failed: {o.error}")
+        choices = []
+        for i, o in enumerate(outputs):
+            c = {"index": i, "logprobs": None, "finish_reason": o.finish_reason, "stop_reason": None}
+            if chat:
+                c["message"] = {"role": "assistant", "content": o.text}
+            else:
+                c["text"] = o.text
+            if req.return_token_ids:
+                c["token_ids"] = o.token_ids
+                c["prompt_token_ids"] = o.prompt_token_ids
+            c["dllm"] = {"forwards": o.stats.num_forwards, "blocks": o.stats.num_blocks_run,
+                         "steps_per_block": o.stats.steps_per_block,
+                         "tokens_per_forward": round(o.tokens_per_forward, 4)}
+            choices.append(c)
+        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                             "created": created, "model": self.model_name, "choices": choices,
+                             "usage": self._usage(outputs)})
+
+    async def _collect(self, entries: list[Entry]):
+        async def one(entry):
+            async for ev in self.engine.generate(entry):
+                if ev.output is not None:
+                    self._observe(entry, ev.output)
+                    return ev.output
+        return await asyncio.gather(*[one(e) for e in entries])
+
+    async def _stream(self, req: DiffusionFields, entries: list[Entry], rid: str, created: int, chat: bool):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        hold = max((len(s) for s in (req.sampling_params(1).stop or ())), default=1) - 1
+        sent = [""] * len(entries)
+        role_sent = [False] * len(entries)
+        outputs = [None] * len(entries)
+
+        def chunk(i: int, text: str, finish: str | None) -> dict:
+            if chat:
+                delta = {"content": text}
+                if not role_sent[i]:
+                    delta = {"role": "assistant", "content": text}
+                    role_sent[i] = True
+                choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [choice]}
+
+        try:
+            async for i, ev in _merge([self.engine.generate(e, stream_text=True) for e in entries]):
+                if ev.output is not None:
+                    out = outputs[i] = ev.output
+                    self._observe(entries[i], out)
+                    if out.finish_reason == "error":
+                        yield sse.frame({"error": {"message": f"generation failed: {out.error}",
+                                                   "type": "InternalServerError", "param": None, "code": 500}})
+                        continue
+                    rest = out.text[len(sent[i]):] if out.text.startswith(sent[i]) else ""
+                    yield sse.frame(chunk(i, rest, out.finish_reason))
+                    continue
+                if req.include_progress:
+                    d = ev.delta
+                    prompt_len = entries[i].state.prompt_len
+                    yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
+                                     "choices": [], "dllm": {"index": i, "block": d.block_index, "step": d.step,
+                                                             "positions": [p - prompt_len for p in d.positions],
+                                                             "num_committed": len(d.positions),
+                                                             "masked": d.num_masked, "canvas": ev.canvas}})
+                stable = ev.text or ""
+                if hold > 0:
+                    stable = stable[: max(0, len(stable) - hold)]
+                stable = stable.rstrip("\ufffd")      # an incomplete UTF-8 sequence may still change
+                if len(stable) > len(sent[i]) and stable.startswith(sent[i]):
+                    yield sse.frame(chunk(i, stable[len(sent[i]):], None))
+                    sent[i] = stable
+            if req.include_usage and all(o is not None for o in outputs):
+                yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
+                                 "choices": [], "usage": self._usage(outputs)})
+        except Exception as exc:   # after the 200: report in-band, never hang
+            log.exception("stream failed")
+            yield sse.frame({"error": {"message": str(exc), "type": "InternalServerError", "param": None,
+                                       "code": 500}})
+        yield sse.DONE
+
+    # ---- other endpoints ----
+    async def models(self, request: Request) -> Response:
+        args = self.engine.model_args if self.engine.is_ready else None
+        card = {"id": self.model_name, "object": "model", "created": int(self.engine.started_wall),
+                "owned_by": "dllm-server", "root": str(self.engine.path), "parent": None,
+                "max_model_len": args.max_len if args else None, "permission": []}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def health(self, request: Request) -> Response:
+        if not self.engine.is_healthy:
+            return Response(status_code=503, headers={"Retry-After": "2"})
+        if self.engine.scheduler.requests:        # busy: outputs are flowing, no probe needed
+            return Response(status_code=200)
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._run_probe())
+        ok = await asyncio.shield(self._probe)
+        return Response(status_code=200 if ok else 503)
+
+    async def _run_probe(self) -> bool:
+        """A real one-step request through a worker (a wedged worker fails it)."""
+        from ..decoding.params import SamplingParams
+        token = 1 if self.engine.model_args.mask_id != 1 else 2
+        try:
+            state = self.engine.prepare({"prompt_token_ids": [token]}, SamplingParams(max_tokens=1, block_length=1),
+                                        request_id=f"health-{uuid.uuid4().hex[:8]}")
+            out = await asyncio.wait_for(self.engine.run_state(state), timeout=20)
+            return out.finish_reason in ("stop", "length")
+        except Exception:
+            log.exception("health probe failed")
+            return False
+
+    async def tokenize(self, request: Request) -> Response:
+        req = await self._parse(request, TokenizeRequest)
+        tok = self._tokenizer()
+        try:
+            if req.messages is not None:
+                ids = tok.apply_chat_template([m.as_template_message() for m in req.messages])
+            else:
+                ids = tok.encode(req.prompt)
+        except ValueError as exc:
+            raise from_value_error(exc)
+        max_len = self.engine.model_args.max_len if self.engine.is_ready else None
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": max_len})
+
+    async def detokenize(self, request: Request) -> Response:
+        req = await self._parse(request, DetokenizeRequest)
+        tok = self._tokenizer()
+        bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
+        if bad:
+            raise APIError(400, f"tokens: ids {bad[:5]} are outside the vocabulary [0, {tok.vocab_size})", "tokens")
+        return JSONResponse({"prompt": tok.hf.decode(req.tokens)})
+
+    def _tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise APIError(400, "model: this server was started without a tokenizer")
+        return self.engine.tokenizer
+
+
+async def _merge(gens):
+    """Interleave several async iterators, yielding (index, item)."""
+    if len(gens) == 1:
+        async for item in gens[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, g):
+        try:
+            async for item in g:
+                await queue.put((i, item))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    remaining = len(gens)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _until_disconnect(request: Request, coro):
+    """Run `coro` unless the client disconnects first (then cancel it, which aborts its requests)."""
+    work = asyncio.ensure_future(coro)
+
+    async def disconnected():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watch = asyncio.ensure_future(disconnected())
+    done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        watch.cancel()
+        return work.result()
+    work.cancel()
+    try:
+        await work
+    except asyncio.CancelledError:
+        pass
+    return None

@@ -1,0 +1,92 @@
+"""`dllm-server serve`: uvicorn around the app. The port is bound before the workers start, so
+/health answers 503 (not "connection refused") while they load. SIGTERM drains: new requests get
+503, in-flight ones finish for up to shutdown_timeout_s (0: aborted at once, finish_reason
+"abort"), then every worker is stopped and joined. A second signal exits at once."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import uvicorn
+
+from ..config import ServerConfig
+from ..engine.async_engine import AsyncEngine
+from .app import build_app
+
+log = logging.getLogger("dllm_server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_s: float):
+        super().__init__(config)
+        self.engine = engine
+        self.drain_s = drain_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._draining or self.loop is None:
+            self.should_exit = True
+            self.force_exit = self._draining
+            return
+        self._draining = True
+        self.engine.draining = True
+        log.info("signal %s: draining for up to %.1f s", sig, self.drain_s)
+        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        sched = self.engine.scheduler
+        deadline = time.monotonic() + self.drain_s
+        while sched is not None and sched.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if sched is not None and sched.requests:
+            log.info("aborting %d in-flight request(s)", len(sched.requests))
+            for rid in list(sched.requests):
+                sched.abort(rid)
+        await asyncio.sleep(0.2)        # let the final chunks of aborted streams go out
+        self.should_exit = True
+
+
+def run_server(config: ServerConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = AsyncEngine(config)
+    model_name = config.served_model_name or Path(engine.path).name
+    exit_code = {"code": 0}
+    server: DrainingServer | None = None
+
+    async def start_and_watch() -> None:
+        try:
+            await engine.start()
+        except Exception as exc:
+            log.error("engine failed to start: %s", exc)
+            exit_code["code"] = 1
+            server.should_exit = True
+            return
+        log.info("serving %s on http://%s:%d", model_name, config.host, config.port)
+        while not server.should_exit:
+            if engine.dead:      # restart disabled: exit non-zero so an orchestrator restarts us
+                log.error("engine is dead (%s); exiting", engine.dead)
+                exit_code["code"] = 1
+                server.should_exit = True
+            await asyncio.sleep(0.2)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(start_and_watch())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await engine.shutdown(0)
+            log.info("all workers stopped")
+
+    app = build_app(engine, model_name, lifespan=lifespan)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                               timeout_graceful_shutdown=5, access_log=False)
+    server = DrainingServer(uv_config, engine, config.shutdown_timeout_s)
+    server.run()
+    return exit_code["code"]
