@@ -100,3 +100,14 @@ def test_transfer_schedule(masked, steps):
 def test_steps_split_across_blocks_and_answer_rounding():
     assert [steps_per_block(10, 4, b) for b in range(4)] == [3, 3, 2, 2]
     assert answer_len(33, 32) == 64 and answer_len(32, 32) == 32
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
+    kept = unmask.top_p_filter(x, 0.75).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    assert unmask.top_p_filter(x, 0.01).isfinite().sum() == 1
+    for i in range(200):   # sampling never leaves the nucleus
+        tok, _ = unmask.propose(x.float().view(1, 1, 4), [1.0], [unmask.step_generator(2, 0, i)], [1],
+                                banned_id=3, top_p=[0.8])
+        assert tok.item() in (0, 1)

@@ -25,12 +25,24 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(error_body(err.status, err.message, err.param), status_code=err.status, headers=err.headers)
 
 
+def _is_field(segment) -> bool:
+    """Field names and list indices; not pydantic's union-branch tags ("constrained-str",
+    "list[int]", "TokenizePrompt")."""
+    s = str(segment)
+    return isinstance(segment, int) or not (set(s) & set("-[](),") or s[:1].isupper())
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     """400 naming the field; built from exc.errors(), never str(exc) (no internals leak)."""
-    first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-after", "union[", "list["))]
+    errors = exc.errors()
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
+    same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if _is_field(p)][:1] == loc[:1]]
+    if len(same_field) > 1 and loc:     # a union: no accepted form matched
+        param = loc[0]
+        msg = f"does not match any accepted form (first mismatch: {msg})"
     ctx_field = re.match(r"Value error, (\w+):", msg)
     if ctx_field and not param:
         param = ctx_field.group(1)

@@ -13,7 +13,7 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
 def _post(model: str, summary: str, stream: bool) -> dict:
     ok = {"application/json": {"schema": {"type": "object"}}}
     if stream:
-        ok["text/event-stream"] = {"schema": {"type": "string"}}
+        ok["text/event-stream"] = {"schema": {}}     # data: <chunk JSON> events, then data: [DONE]
     err = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     responses = {"200": {"description": "OK", "content": ok}}
     for code, text in (("400", "invalid request"), ("401", "bad API key"), ("404", "unknown model"),

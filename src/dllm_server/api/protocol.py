@@ -3,26 +3,29 @@ and their conversion to SamplingParams. No I/O here."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StringConstraints,
+                      model_validator)
 
 from ..decoding.params import MAX_SEED, SamplingParams
 
 log = logging.getLogger(__name__)
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 
 
 class OpenAIModel(BaseModel):
-    # Unknown fields are accepted, logged and ignored (vLLM's behaviour).
-    model_config = ConfigDict(extra="allow")
+    # Unknown fields are accepted, logged and ignored (vLLM's behaviour). Strict: JSON `false`
+    # is not a number and "yes" is not a boolean.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     def ignored_fields(self) -> list[str]:
         return sorted((self.model_extra or {}).keys())
 
 
 class StreamOptions(OpenAIModel):
-    include_usage: bool = False
-    include_progress: bool = Field(False, description="dllm: stream denoising progress chunks (choices: [])")
+    include_usage: StrictBool = False
+    include_progress: StrictBool = Field(False, description="dllm: stream denoising progress chunks (choices: [])")
 
 
 class DiffusionFields(OpenAIModel):
@@ -33,35 +36,30 @@ class DiffusionFields(OpenAIModel):
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
+    stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(max_length=16)], None] = None
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     user: str | None = None
-    ignore_eos: bool = False
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    ignore_eos: StrictBool = False
+    logprobs: StrictBool | None = Field(None, description="only false: not supported for diffusion models")
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=0, description="only 0: not supported")
+    presence_penalty: float | None = Field(None, ge=0, le=0, description="only 0 (not supported)")
+    frequency_penalty: float | None = Field(None, ge=0, le=0, description="only 0 (not supported)")
     # diffusion extras
-    block_length: int | None = Field(None, ge=1, le=1024)
+    block_length: int | None = Field(None, ge=1, le=256)
     threshold: float | None = Field(None, ge=0, le=1)
     factor: float | None = Field(None, gt=0, le=1e6)
     steps: int | None = Field(None, ge=1, le=1_000_000)
     remasking: Literal["low_confidence", "random"] = "low_confidence"
-    return_token_ids: bool = False
+    return_token_ids: StrictBool = False
 
     @model_validator(mode="after")
     def _checks(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream=true")
-        if self.logprobs not in (None, False, 0) or self.top_logprobs:
+        if self.logprobs:
             raise ValueError("logprobs: not supported for diffusion models (no left-to-right likelihood)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ValueError(f"{name}: not supported for diffusion models")
-        if isinstance(self.stop, list) and len(self.stop) > 16:
-            raise ValueError("stop: at most 16 stop strings")
         return self
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
@@ -101,16 +99,18 @@ class ChatCompletionRequest(DiffusionFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(DiffusionFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: bool = False
+    prompt: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(min_length=1)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1)]]
+    echo: StrictBool = Field(False, description="only false: not supported")
 
     @model_validator(mode="after")
-    def _prompt_checks(self):
+    def _no_echo(self):
         if self.echo:
             raise ValueError("echo: not supported")
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt: must not be empty")
         return self
 
     def prompts(self) -> list[Any]:
@@ -125,21 +125,27 @@ class CompletionRequest(DiffusionFields):
         return [{"prompt_token_ids": list(x)} for x in p]
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizePrompt(OpenAIModel):
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str
 
-    @model_validator(mode="after")
-    def _one_of(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("prompt: give exactly one of prompt or messages")
-        return self
+
+class TokenizeMessages(OpenAIModel):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(..., min_length=1)
+
+
+class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):
+    """Either {"prompt": ...} or {"messages": [...]}."""
+
+    @property
+    def model(self) -> str | None:
+        return self.root.model
 
 
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 REQUEST_MODELS = {"ChatCompletionRequest": ChatCompletionRequest, "CompletionRequest": CompletionRequest,

@@ -20,7 +20,7 @@ from . import sse
 from .errors import APIError, from_validation_error, from_value_error
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DiffusionFields,
-                       TokenizeRequest)
+                       TokenizeMessages, TokenizeRequest)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Routes:
         if not isinstance(data, dict):
             raise APIError(400, "request body must be a JSON object")
         try:
-            req = model.model_validate(data)
+            req = model.model_validate_json(body)
         except ValidationError as exc:
             raise from_validation_error(exc)
         ignored = req.ignored_fields() if hasattr(req, "ignored_fields") else []
@@ -245,10 +245,10 @@ class Routes:
         req = await self._parse(request, TokenizeRequest)
         tok = self._tokenizer()
         try:
-            if req.messages is not None:
-                ids = tok.apply_chat_template([m.as_template_message() for m in req.messages])
+            if isinstance(req.root, TokenizeMessages):
+                ids = tok.apply_chat_template([m.as_template_message() for m in req.root.messages])
             else:
-                ids = tok.encode(req.prompt)
+                ids = tok.encode(req.root.prompt)
         except ValueError as exc:
             raise from_value_error(exc)
         max_len = self.engine.model_args.max_len if self.engine.is_ready else None

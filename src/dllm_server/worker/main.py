@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import time
 import traceback
@@ -32,6 +33,10 @@ class WorkerSpec:
 
 
 def worker_main(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
+    # The front process owns our lifecycle (Shutdown message, then kill): a Ctrl-C or SIGTERM
+    # sent to the whole process group must not kill workers under a draining server.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         _run(spec, config, inbox, outbox)
     except Exception:
@@ -57,9 +62,12 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
     transfers = TransferTable()
     deferred_aborts: set[str] = set()
     iterations = 0
+    parent = os.getppid()
     while True:
         turn_start = time.perf_counter()
         idle = not core.has_work and not transfers.pending
+        if idle and os.getppid() != parent:    # the front died without stopping us
+            return
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         out: list = []
         receiving = {t.request_id for t in transfers.pending if not t.is_sender}

@@ -1,0 +1,154 @@
+"""Scheduler benchmark: one workload through (a) the batch-1 FCFS baseline configuration,
+(b) the deficit scheduler at tau=1024 and (c) tau=infinity (prefill priority), all on the real
+multi-process engine. Prints throughput and p50/p99 latency per configuration, plots the
+per-iteration token counts, reports the share of each loaded iteration spent outside the model
+forward, and the worker's resident memory idle and under load.
+
+    python bench/scheduler.py [--model DIR] [--requests 48] [--rate 4] [--plot docs/img/budget_trace.png]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from dllm_server import SamplingParams
+from dllm_server.config import ServerConfig
+from dllm_server.engine.async_engine import AsyncEngine
+from dllm_server.model.tiny import make_tiny_model
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def workload(n: int, rate: float, seed: int):
+    rng = random.Random(seed)
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        prompt = [rng.randrange(1, 250) for _ in range(rng.choice([32, 96, 224]))]
+        reqs.append((t, {"prompt_token_ids": prompt}, SamplingParams(max_tokens=rng.choice([32, 64, 96]),
+                                                                   ignore_eos=True, seed=i)))
+    return reqs
+
+
+async def run_config(name: str, config: ServerConfig, reqs) -> dict:
+    engine = AsyncEngine(config)
+    await engine.start()
+    pid = engine.pool.pid(0)
+    idle_rss = rss_mb(pid)
+    peak_rss = idle_rss
+    latencies = []
+    start = time.monotonic()
+
+    async def one(at, prompt, params):
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        t0 = time.monotonic()
+        out = await engine.run(prompt, params)
+        latencies.append(time.monotonic() - t0)
+        return len(out.token_ids)
+
+    async def sample_rss():
+        nonlocal peak_rss
+        while True:
+            peak_rss = max(peak_rss, rss_mb(pid))
+            await asyncio.sleep(0.2)
+
+    sampler = asyncio.ensure_future(sample_rss())
+    tokens = await asyncio.gather(*[one(*r) for r in reqs])
+    wall = time.monotonic() - start
+    sampler.cancel()
+    trace = [r for _, r in engine.scheduler.trace]
+    await engine.shutdown(0)
+    loaded = [r for r in trace if r.num_active_decodes >= 16 and r.forward_s > 0]
+    overhead = [1 - r.forward_s / r.iteration_s for r in loaded if r.iteration_s > 0]
+    q = statistics.quantiles(latencies, n=100)
+    return {"name": name, "wall_s": wall, "req_s": len(reqs) / wall, "tok_s": sum(tokens) / wall,
+            "p50": statistics.median(latencies), "p99": q[98], "mean": statistics.mean(latencies),
+            "trace": [r.iteration_tokens for r in trace], "deficit": [r.deficit_tokens for r in trace],
+            "overhead": statistics.median(overhead) if overhead else None, "n_loaded": len(loaded),
+            "idle_rss": idle_rss, "peak_rss": peak_rss}
+
+
+async def profile_loaded(config: ServerConfig, num_decodes: int = 16) -> dict:
+    """16 requests decoding together (fixed schedule: one token per forward keeps them all active);
+    share of each iteration spent outside the model forward, measured by the worker."""
+    engine = AsyncEngine(config)
+    await engine.start()
+    params = SamplingParams(max_tokens=128, steps=128, ignore_eos=True)
+    await asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1] * 96}, params) for i in range(num_decodes)])
+    trace = [r for _, r in engine.scheduler.trace if r.num_active_decodes >= num_decodes and r.forward_s > 0]
+    await engine.shutdown(0)
+    fractions = [1 - r.forward_s / r.iteration_s for r in trace]
+    return {"iterations": len(trace), "median": statistics.median(fractions),
+            "p90": statistics.quantiles(fractions, n=10)[-1],
+            "iteration_ms": 1000 * statistics.median(r.iteration_s for r in trace)}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plot", default="docs/img/budget_trace.png")
+    args = ap.parse_args()
+    path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
+                                             mlp=704, seed=0))
+    base = ServerConfig(model=path, dtype="float32", threads_per_worker=args.threads, kv_cache_tokens=32768)
+    configs = [
+        ("batch-1 FCFS baseline", base.replace(max_active_decodes=1, token_budget=None)),
+        ("deficit tau=1024", base.replace(token_budget=1024)),
+        ("tau=infinity (prefill priority)", base.replace(token_budget=None)),
+    ]
+    reqs = workload(args.requests, args.rate, args.seed)
+    print(f"workload: {args.requests} requests, Poisson {args.rate}/s, prompts 32/96/224, answers 32/64/96, "
+          f"block 32, threshold 0.9, 1 colocated worker, {args.threads} thread(s)")
+    print("base config:", {k: v for k, v in dataclasses.asdict(base).items() if v is not None})
+    results = [await run_config(name, cfg, reqs) for name, cfg in configs]
+    print()
+    print("| configuration | req/s | output tok/s | mean latency (s) | p50 (s) | p99 (s) |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['name']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | {r['mean']:.2f} | {r['p50']:.2f} | {r['p99']:.2f} |")
+    print()
+    print("| configuration | iterations | max tokens / iteration | iterations at >= 16 decodes | time outside forward (median) | worker RSS idle / peak (MB) |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        ov = "n/a" if r["overhead"] is None else f"{100 * r['overhead']:.1f} %"
+        print(f"| {r['name']} | {len(r['trace'])} | {max(r['trace'])} | {r['n_loaded']} | {ov} | "
+              f"{r['idle_rss']:.0f} / {r['peak_rss']:.0f} |")
+    prof = await profile_loaded(configs[1][1])
+    print(f"\nloaded iteration profile (16 active decodes, tau=1024, {prof['iterations']} iterations): "
+          f"median iteration {prof['iteration_ms']:.1f} ms, time outside the model forward "
+          f"median {100 * prof['median']:.1f} %, p90 {100 * prof['p90']:.1f} %")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for r, ax in zip(results[1:], axes):
+        ax.plot(r["trace"], lw=0.7, label="tokens fed per iteration")
+        ax.plot(r["deficit"], lw=0.7, label="deficit carried")
+        ax.axhline(1024, color="red", ls="--", lw=0.7, label="tau = 1024")
+        ax.set_title(r["name"])
+        ax.set_ylabel("tokens")
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("worker iteration")
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
+    print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
