@@ -94,6 +94,37 @@ async def profile_loaded(config: ServerConfig, num_decodes: int = 16) -> dict:
             "iteration_ms": 1000 * statistics.median(r.iteration_s for r in trace)}
 
 
+async def measure_full_pool(config: ServerConfig) -> dict:
+    """Worker RSS idle and with every KV page in use: 64 canvases of 1024 tokens fill a pool of
+    65536 tokens (64 decode seats x 64 pages)."""
+    config = config.replace(kv_cache_tokens=65536, max_active_decodes=64, token_budget=None)
+    engine = AsyncEngine(config)
+    await engine.start()
+    pid = engine.pool.pid(0)
+    idle = rss_mb(pid)
+    peak, min_free = idle, None
+
+    async def sample():
+        nonlocal peak, min_free
+        while True:
+            peak = max(peak, rss_mb(pid))
+            rep = engine.scheduler.workers[0].report
+            if rep is not None:
+                min_free = rep.free_pages if min_free is None else min(min_free, rep.free_pages)
+            await asyncio.sleep(0.1)
+
+    sampler = asyncio.ensure_future(sample())
+    params = SamplingParams(max_tokens=32, steps=32, ignore_eos=True)
+    await asyncio.gather(*[engine.run({"prompt_token_ids": [(i + j) % 250 + 1 for j in range(992)]}, params)
+                           for i in range(64)])
+    sampler.cancel()
+    args = engine.model_args
+    pool_mb = args.num_layers * 2 * 65536 * args.num_kv_heads * args.head_dim * 4 / 2**20
+    num_pages = engine.scheduler.workers[0].num_pages
+    await engine.shutdown(0)
+    return {"idle": idle, "peak": peak, "pool_mb": pool_mb, "min_free": min_free, "pages": num_pages}
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -132,6 +163,9 @@ async def main() -> None:
     print(f"\nloaded iteration profile (16 active decodes, tau=1024, {prof['iterations']} iterations): "
           f"median iteration {prof['iteration_ms']:.1f} ms, time outside the model forward "
           f"median {100 * prof['median']:.1f} %, p90 {100 * prof['p90']:.1f} %")
+    mem = await measure_full_pool(base)
+    print(f"worker RSS: idle {mem['idle']:.0f} MB, with the KV pool full ({mem['pages'] - mem['min_free']} of "
+          f"{mem['pages']} pages in use, pool {mem['pool_mb']:.0f} MB fp32) {mem['peak']:.0f} MB")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

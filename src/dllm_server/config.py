@@ -44,7 +44,7 @@ class ServerConfig:
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
-    threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = cores / workers")
+    threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers")
     # --- server ---
     host: str = _f("127.0.0.1", "bind address")
     port: int = _f(8000, "bind port")

@@ -49,8 +49,10 @@ class WorkerPool:
         self.slots: dict[int, _Slot] = {}
         self._generation = 0
         self._stopping = False
-        cores = os.cpu_count() or 1
-        self.threads = config.threads_per_worker or max(1, cores // len(roles))
+        # Leave a core to the front process: OpenMP threads that lose their core to it spin at
+        # barriers, which on 2 cores made a 2-thread worker 15x slower (bench/http_vs_offline.py).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.threads = config.threads_per_worker or max(1, (cores - 1) // len(roles))
 
     @property
     def uses_process_group(self) -> bool:

@@ -1,0 +1,100 @@
+"""HTTP end-to-end throughput at saturation against the same workload through the offline API,
+measured in one run: the cost of the server (HTTP, JSON, queues, a separate worker process).
+
+    python bench/http_vs_offline.py [--model DIR] [--requests 64] [--max-tokens 64] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import torch
+
+from dllm_server import LLM, SamplingParams
+from dllm_server.model.tiny import make_tiny_model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workload(n: int, max_tokens: int, seed: int = 0):
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 250) for _ in range(rng.choice([32, 96, 160]))] for _ in range(n)]
+
+
+async def run_http(url: str, prompts, max_tokens: int) -> tuple[float, int]:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as c:
+        t = time.perf_counter()
+        rs = await asyncio.gather(*[c.post(url + "/v1/completions", json={
+            "prompt": p, "max_tokens": max_tokens, "ignore_eos": True, "seed": i}) for i, p in enumerate(prompts)])
+        wall = time.perf_counter() - t
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:2]
+    return wall, sum(r.json()["usage"]["completion_tokens"] for r in rs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads: offline process and the one worker")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
+                                             mlp=704, seed=0))
+    prompts = workload(args.requests, args.max_tokens)
+    flags = ["--dtype", "float32", "--threads-per-worker", str(args.threads)]
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "dllm_server.cli", "serve", path, "--port", str(port), *flags],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        torch.set_num_threads(args.threads)
+        llm = LLM(path, dtype="float32")
+        params = [SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
+        asyncio.run(run_http(url, prompts[:4], args.max_tokens))             # warm-ups
+        llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], params[:4])
+        rows = []
+        for r in range(args.rounds):   # alternate so drift on a shared machine hits both alike
+            t = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            off_wall = time.perf_counter() - t
+            off_tokens = sum(len(o.token_ids) for o in outs)
+            http_wall, http_tokens = asyncio.run(run_http(url, prompts, args.max_tokens))
+            rows.append((off_tokens / off_wall, http_tokens / http_wall))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    print(f"model={path} requests={args.requests} max_tokens={args.max_tokens} threads={args.threads} "
+          f"cpus={os.cpu_count()} (all requests sent at once; ignore_eos)")
+    print("| round | offline output tok/s | HTTP output tok/s | HTTP / offline |")
+    print("|---|---|---|---|")
+    for i, (off, http) in enumerate(rows):
+        print(f"| {i + 1} | {off:.1f} | {http:.1f} | {http / off:.2f} |")
+    off = sum(r[0] for r in rows) / len(rows)
+    http = sum(r[1] for r in rows) / len(rows)
+    print(f"| mean | {off:.1f} | {http:.1f} | {http / off:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The CLI is generated from ServerConfig: every field has a flag with help; defaults are the
+dataclass's own."""
+import dataclasses
+
+import pytest
+
+from dllm_server.cli import build_parser, config_from_args
+from dllm_server.config import ServerConfig, config_fields
+
+
+def test_every_config_field_has_a_serve_flag_with_help():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {a.dest: a for a in serve._actions}
+    for f in config_fields():
+        assert f.name in flags, f.name
+        assert f.metadata.get("help"), f.name
+        assert flags[f.name].help
+        if f.name != "model":      # the positional says "the embedded demo model" instead of None
+            assert str(f.default) in flags[f.name].help
+
+
+def test_unset_flags_keep_dataclass_defaults():
+    cfg = config_from_args(build_parser().parse_args(["serve"]))
+    assert cfg == ServerConfig()
+
+
+def test_flags_parse_into_config(monkeypatch):
+    monkeypatch.setenv("DLLM_API_KEY", "k")
+    ns = build_parser().parse_args(["serve", "/m", "--token-budget", "none", "--placement", "hybrid",
+                                    "--no-restart-workers", "--threshold", "0.8"])
+    cfg = config_from_args(ns)
+    assert (cfg.model, cfg.token_budget, cfg.placement, cfg.restart_workers, cfg.threshold, cfg.api_key) == \
+        ("/m", None, "hybrid", False, 0.8, "k")
+
+
+def test_bad_flag_values_are_rejected():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--placement", "sideways"])
+    with pytest.raises(ValueError, match="block_length"):
+        config_from_args(build_parser().parse_args(["serve", "--block-length", "0"]))
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ServerConfig().block_length = 3
