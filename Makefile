@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test serve bench clean
+.PHONY: install test serve bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +24,11 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/decoding.py
+	$(PY) bench/scheduler.py
+	$(PY) bench/http_vs_offline.py --threads 1
+
+bench-smoke: $(STAMP)
+	$(PY) bench/smoke.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
