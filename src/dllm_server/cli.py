@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    try:
+        return _run(ns)
+    except ValueError as exc:      # bad flags or a bad model folder: one clear line, no traceback
+        print(f"dllm-server: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(ns: argparse.Namespace) -> int:
     if ns.command == "make-tiny-model":
         from .model.tiny import make_tiny_model
         out = make_tiny_model(ns.out, arch=ns.arch, seed=ns.seed, hidden=ns.hidden, layers=ns.layers,

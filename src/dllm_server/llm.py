@@ -22,7 +22,7 @@ from .engine.output import advance
 from .engine.request_state import GenerationOutput, RequestState
 from .engine.tokenize import Tokenizer, stop_token_ids
 from .messages import Abort
-from .model.loader import load_model
+from .model.loader import load_model, read_config
 from .worker.core import WorkerCore
 
 
@@ -47,6 +47,7 @@ class LLM:
     def __init__(self, model: str | None = None, **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
         self.path = model_path(self.config)
+        read_config(self.path)
         self.device = resolve_device(self.config.device)
         net, self.args, self.dtype = load_model(self.path, self.config.dtype, self.device)
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
@@ -85,7 +86,7 @@ class LLM:
             order.append(rid)
         done: dict[str, GenerationOutput] = {}
         for rid in order:
-            self._submit(states[rid], done)
+            self._submit(states[rid].submit_msg(), states, done)
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -111,9 +112,9 @@ class LLM:
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {n} prompts")
         return sampling_params
 
-    def _submit(self, st: RequestState, done: dict) -> None:
-        for msg in self.core.submit(st.submit_msg()):
-            self._handle(msg, {st.request_id: st}, done)
+    def _submit(self, block, states: dict[str, RequestState], done: dict) -> None:
+        for msg in self.core.submit(block):
+            self._handle(msg, states, done)
 
     def _handle(self, msg, states: dict[str, RequestState], done: dict) -> None:
         st = states.get(msg.request_id)
@@ -125,4 +126,4 @@ class LLM:
         if outcome.output is not None:
             done[st.request_id] = outcome.output
         elif outcome.next_block is not None:
-            self._submit(st, done)
+            self._submit(outcome.next_block, states, done)

@@ -43,3 +43,10 @@ def test_bad_flag_values_are_rejected():
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ServerConfig().block_length = 3
+
+
+def test_serve_with_a_bad_model_folder_fails_with_one_line(tmp_path, capsys):
+    from dllm_server.cli import main
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and "Traceback" not in err

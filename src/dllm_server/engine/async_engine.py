@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams
+from ..model.loader import read_config
 from .inputs import check_request, prompt_ids
 from .placement import worker_roles
 from .request_state import RequestState
@@ -39,7 +40,11 @@ def _devices(config: ServerConfig, n: int) -> list[str]:
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda":
         count = torch.cuda.device_count()
+        if count == 0:
+            raise ValueError("device: cuda was requested but no CUDA device is available")
         return [f"cuda:{i % count}" for i in range(n)]
+    if want != "cpu":
+        raise ValueError(f"device: must be cpu, cuda or auto, got {want!r}")
     return [want] * n
 
 
@@ -48,6 +53,7 @@ class AsyncEngine:
         from ..llm import model_path, request_seed
         self.config = config
         self.path = model_path(config)
+        read_config(self.path)            # a clear error now, not a worker traceback later
         self._seed_of = request_seed
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
@@ -67,15 +73,13 @@ class AsyncEngine:
         self.pool = WorkerPool(self.config, str(self.path), self.roles, _devices(self.config, len(self.roles)),
                                loop, self.scheduler.on_messages, self._on_death)
         self.pool.start_all()
-        deadline = time.monotonic() + timeout_s
-        while not self.scheduler.ready_event.is_set():
-            if self.scheduler.failure:
-                self.pool.stop(timeout_s=5)
-                raise RuntimeError(self.scheduler.failure)
-            if time.monotonic() > deadline:
-                self.pool.stop(timeout_s=5)
-                raise RuntimeError(f"workers not ready after {timeout_s:.0f} s")
-            await asyncio.sleep(0.05)
+        ready = asyncio.ensure_future(self.scheduler.ready_event.wait())
+        failed = asyncio.ensure_future(self.scheduler.failed_event.wait())
+        await asyncio.wait({ready, failed}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel(), failed.cancel()
+        if not self.scheduler.ready_event.is_set():
+            self.pool.stop(timeout_s=5)
+            raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         args = self.scheduler.model_args
         self.model_args = args
         self.stop_ids = stop_token_ids(self.path, args.eos_id, self.tokenizer)
@@ -110,7 +114,7 @@ class AsyncEngine:
         reason = f"worker {wid} died (exit code {exitcode})"
         log.error(reason)
         if not self.scheduler.ready_event.is_set():
-            self.scheduler.failure = self.scheduler.failure or reason
+            self.scheduler.startup_failed(reason)
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart(wid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import time
@@ -87,6 +88,7 @@ class Scheduler:
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self._transfer_seq = itertools.count()
         self.ready_event = asyncio.Event()
+        self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
         self.model_args = None                         # from WorkerReady
 
@@ -142,8 +144,7 @@ class Scheduler:
             self.counters.prefills_overflowed += 1
         handoff = role == "prefill" and not allow_any_role
         if handoff != msg.handoff:
-            msg = SubmitBlock(msg.request_id, msg.block_index, msg.prompt_len, msg.canvas, msg.params,
-                              msg.stop_token_ids, msg.arrival_seq, msg.step_offset, handoff)
+            msg = dataclasses.replace(msg, handoff=handoff)
         entry.worker = wid
         entry.charged = (wid, tokens)
         self.workers[wid].outstanding_prefill_tokens += tokens
@@ -188,7 +189,7 @@ class Scheduler:
             elif isinstance(msg, WorkerFailed):
                 log.error("worker %d failed:\n%s", wid, msg.traceback)
                 if not self.ready_event.is_set():
-                    self.failure = f"worker {wid} failed to start:\n{msg.traceback}"
+                    self.startup_failed(f"worker {wid} failed to start:\n{msg.traceback}")
             elif isinstance(msg, HandoffDone):
                 self._on_handoff_done(msg)
             else:
@@ -196,6 +197,10 @@ class Scheduler:
                 if entry is not None:
                     self._on_request_message(entry, wid, msg)
         self._retry_waiting()
+
+    def startup_failed(self, reason: str) -> None:
+        self.failure = self.failure or reason
+        self.failed_event.set()
 
     def _on_ready(self, msg: WorkerReady) -> None:
         w = self.workers[msg.worker_id]
@@ -246,9 +251,7 @@ class Scheduler:
         seq = next(self._transfer_seq)
         self.workers[dst].reserved_pages += pages
         entry.decode_worker = dst
-        block = st.submit_msg()
-        block = SubmitBlock(block.request_id, block.block_index, block.prompt_len, block.canvas, block.params,
-                            block.stop_token_ids, block.arrival_seq, steps_done, False)
+        block = dataclasses.replace(st.submit_msg(), step_offset=steps_done)
         self.send(dst, ReceiveKV(block, entry.worker, seq))
         self.send(entry.worker, HandoffKV(st.request_id, dst, seq))
 
@@ -268,10 +271,7 @@ class Scheduler:
             return
         self.counters.kv_transfers_failed += 1
         entry.worker = None
-        st = entry.state
-        retry = st.submit_msg()
-        retry = SubmitBlock(retry.request_id, retry.block_index, retry.prompt_len, retry.canvas, retry.params,
-                            retry.stop_token_ids, retry.arrival_seq, entry.handoff_steps, False)
+        retry = dataclasses.replace(entry.state.submit_msg(), step_offset=entry.handoff_steps)
         self._dispatch(entry, retry, allow_any_role=True)
 
     def _retry_waiting(self) -> None:
