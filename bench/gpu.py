@@ -1,0 +1,335 @@
+"""GPU benchmark, one run (about 5-7 minutes on one H200): a LLaDA-8B-shaped model with random bf16
+weights built on the device, then
+  1. correctness: the runner's paged SDPA path vs the dense forward (full refresh and a dual-cache
+     block step right after it), and FlashInfer's paged prefill vs SDPA when flashinfer is there;
+  2. dense bf16 GEMM rate at the model's shapes (the roofline for everything below);
+  3. dual-cache block step time vs batch 1..64 (32 query tokens each, canvas 512+256);
+  4. full-canvas prefill time vs length 256..4096;
+  5. closed-batch serving through the offline LLM: default scheduler vs the batch-1 baseline
+     (a --serve-layers model of the same width: writing 16 GB of safetensors is too slow here).
+Markdown tables go to stdout; everything goes to --out (JSON, rewritten after every phase).
+
+    python bench/gpu.py                                   # on the GPU box
+    python bench/gpu.py --smoke --out /tmp/gpu.json       # CPU, tiny shapes, < 1 minute (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_parts as P  # noqa: E402
+
+from dllm_server.config import ServerConfig  # noqa: E402
+from dllm_server.worker.kv_pool import KVPool  # noqa: E402
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range  # noqa: E402
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    def cell(x):
+        if isinstance(x, float):
+            return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+        return str(x)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+class Bench:
+    """Phases under one time budget; the JSON is rewritten after every phase."""
+
+    def __init__(self, out: Path, budget_s: float, device: torch.device):
+        self.out, self.budget, self.device = out, budget_s, device
+        self.t0 = time.monotonic()
+        self.res: dict = {"meta": {}, "phase_s": {}, "memory_gib": {}, "skipped": [], "errors": {}}
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+    def save(self) -> None:
+        self.res["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        tmp = self.out.with_name(self.out.name + ".tmp")
+        tmp.write_text(json.dumps(self.res, indent=2, default=str))
+        tmp.replace(self.out)
+
+    def skip(self, note: str) -> None:
+        self.res["skipped"].append(note)
+        print(f"\n[skipped] {note}", flush=True)
+
+    def phase(self, name: str, fn, need_s: float = 0.0):
+        if self.left() < need_s:
+            self.skip(f"{name}: {max(0.0, self.left()):.0f} s of the time budget left, needs ~{need_s:.0f} s")
+            self.save()
+            return None
+        print(f"\n## {name} (t = {time.monotonic() - self.t0:.0f} s)\n", flush=True)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t = time.perf_counter()
+        value = None
+        try:
+            value = fn()
+            self.res[name] = value
+        except Exception as exc:
+            traceback.print_exc()
+            self.res["errors"][name] = f"{type(exc).__name__}: {exc}"[:1000]
+            P.free_device_memory(self.device)
+        self.res["phase_s"][name] = round(time.perf_counter() - t, 2)
+        if cuda:
+            self.res["memory_gib"][name] = {
+                "peak_allocated": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                "allocated_after": torch.cuda.memory_allocated(self.device) / 2**30}
+        self.save()
+        return value
+
+
+def env_info(device: torch.device, dtype: torch.dtype, cfg: dict, sh: P.Shapes, smoke: bool) -> dict:
+    try:
+        from importlib.metadata import version
+        fi = version("flashinfer-python")
+    except Exception:
+        fi = None
+    cuda = device.type == "cuda"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if cuda else None,
+            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else None,
+            "flashinfer": fi, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "dtype": str(dtype), "smoke": smoke, "config": cfg, "shapes": dataclasses.asdict(sh), "argv": sys.argv}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny fp32 model and shapes (CPU; what CI runs)")
+    default_out = Path(os.environ["OUT"]) / "gpu_bench.json" if os.environ.get("OUT") else Path("runs/gpu_bench.json")
+    ap.add_argument("--out", type=Path, default=default_out)
+    ap.add_argument("--time-budget-s", type=float, default=420.0, help="phases past it are skipped with a note")
+    ap.add_argument("--layers", type=int, help="override the layer count of the benchmarked model")
+    ap.add_argument("--serve-layers", type=int, default=4, help="layers of the serving model (same width)")
+    ap.add_argument("--device", help="default: cuda when available (cpu with --smoke)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: 1 with --smoke)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--skip-flashinfer", action="store_true")
+    a = ap.parse_args()
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() and not a.smoke else "cpu"))
+    if a.threads or a.smoke:
+        torch.set_num_threads(a.threads or 1)
+    dtype = torch.float32 if a.smoke else torch.bfloat16
+    cfg = dict(P.SMOKE_CFG if a.smoke else P.LLADA_8B)
+    if a.layers:
+        cfg["n_layers"] = a.layers
+    sh = P.SMOKE if a.smoke else P.FULL
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    page_size = ServerConfig().page_size
+    b = Bench(a.out, a.time_budget_s, device)
+    b.res["meta"] = meta = env_info(device, dtype, cfg, sh, a.smoke)
+    print(f"# dllm-server GPU benchmark{' (SMOKE: tiny shapes)' if a.smoke else ''}\n")
+    for k in ("date", "device", "gpu", "gpu_memory_gib", "torch", "cuda", "flashinfer", "dtype"):
+        print(f"- {k}: {meta[k]}")
+    print(f"- model: d={cfg['d_model']} layers={cfg['n_layers']} heads={cfg['n_heads']} mlp={cfg['mlp_hidden_size']} "
+          f"vocab={cfg['vocab_size']}, random weights; output: {a.out}")
+    if device.type == "cpu" and not a.smoke:
+        print("WARNING: full 8B shapes on a CPU take hours; use --smoke")
+    st: dict = {}
+
+    def build():
+        t = time.perf_counter()
+        st["model"], st["args"] = P.build_model(cfg, device, dtype, a.seed)
+        P.sync(device)
+        n = P.num_params(st["model"])
+        emb = cfg["embedding_size"] * cfg["d_model"] * 2
+        r = {"params": n, "params_non_embedding": n - emb, "build_s": time.perf_counter() - t,
+             "weights_gib": n * torch.finfo(dtype).bits / 8 / 2**30}
+        print(f"{n / 1e9:.3f} B parameters ({r['weights_gib']:.1f} GiB), built in {r['build_s']:.1f} s")
+        return r
+
+    def correctness():
+        r = P.check_paged_vs_dense(st["model"], st["args"], device, dtype, sh, tol, a.seed, page_size)
+        rows = []
+        for case, v in r.items():
+            if case == "ok":
+                continue
+            if "error" in v:
+                rows.append([case, "-", "ERROR", v["error"][:120], "", "", False])
+                continue
+            for check, c in v.items():
+                rows.append([case, check, c["max_abs"], c["max_rel"], c["argmax_agree"], c["tol_rel"], c["ok"]])
+        print(md_table(["case", "check", "max abs err", "max rel err (to max |ref|)", "argmax agree", "tol", "ok"], rows))
+        print(f"\npaged SDPA vs dense: {'OK' if r['ok'] else 'FAIL'}")
+        return r
+
+    def gemm():
+        rows = P.gemm_rates(st["args"], device, dtype, sh.gemm_tokens, sh.warmup, sh.repeats)
+        print(md_table(["GEMM", "M (tokens)", "K", "N", "ms", "TFLOP/s"],
+                       [[r["name"], r["m"], r["k"], r["n"], r["ms"], r["tflops"]] for r in rows]))
+        peak = max(r["tflops"] for r in rows)
+        print(f"\ndense {str(dtype).removeprefix('torch.')} GEMM rate of this machine (best shape): {peak:.1f} TFLOP/s")
+        return {"rows": rows, "peak_tflops": peak}
+
+    def kv_pool():
+        L = sh.prompt + sh.answer
+        pages = max(max(sh.batches) * -(-L // page_size), -(-max(sh.prefill_lens) // page_size))
+        st["pool"] = KVPool(st["args"].num_layers, pages, page_size, st["args"].num_kv_heads,
+                            st["args"].head_dim, dtype, device)
+        return st["pool"]
+
+    def peak_tflops():
+        return (b.res.get("gemm") or {}).get("peak_tflops")
+
+    def decode():
+        args, model = st["args"], st["model"]
+        pool = st.get("pool") or kv_pool()
+        tm = P.TimedModel(model, device)
+        runner = ModelRunner(tm, args, pool, device)
+        g = torch.Generator().manual_seed(a.seed)
+        L, s = sh.prompt + sh.answer, sh.prompt
+        e = s + sh.block
+        lo, hi = fed_range("dual", False, s, e, L, args.logit_shift)
+        n = max(sh.batches)
+        canvases = [P.canvas(args, sh.prompt, sh.answer, sh.block, g) for _ in range(n)]
+        allocs = [pool.allocate(f"dec{i}", L) for i in range(n)]
+        rows = []
+        for batch in sh.batches:
+            if b.left() < 0:
+                b.skip(f"decode: batches from {batch} on (time budget)")
+                break
+            items = [ForwardItem(canvases[i], allocs[i], lo, hi, s, e) for i in range(batch)]
+            step = P.median(P.time_ms(lambda: runner.forward(items), device, sh.warmup, sh.repeats))
+            model_ms = P.median(tm.take()[sh.warmup:])
+            fed = batch * (hi - lo)
+            flops = P.forward_flops(args, fed, batch * sh.block, fed * L)
+            rows.append({"batch": batch, "fed_tokens": fed, "model_ms": model_ms, "step_ms": step,
+                         "model_tflops": flops / model_ms / 1e9, "flops": flops,
+                         "output_tok_s_at_1_per_step": batch / (step / 1e3),
+                         "step_vs_batch1": model_ms / (rows[0]["model_ms"] if rows else model_ms)})
+        for i in range(n):
+            pool.free(f"dec{i}")
+        print(md_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step incl. logits to host (ms)",
+                        "model TFLOP/s", "output tok/s at 1 token/step"],
+                       [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"], r["model_tflops"],
+                         r["output_tok_s_at_1_per_step"]] for r in rows]))
+        top = rows[-1]
+        peak = peak_tflops()
+        util = {"batch": top["batch"], "model_tflops": top["model_tflops"], "gemm_peak_tflops": peak,
+                "fraction_of_gemm_peak": top["model_tflops"] / peak if peak else None,
+                "flops_note": "2 x block params x fed tokens + 2 x LM head x logit rows + 4 x layers x hidden x q*kv"}
+        best = max(rows, key=lambda r: r["output_tok_s_at_1_per_step"])
+        sat = {"batch": best["batch"], "output_tok_s_at_1_per_step": best["output_tok_s_at_1_per_step"],
+               "block_positions_per_s": best["batch"] * sh.block / (best["step_ms"] / 1e3)}
+        frac = "n/a" if util["fraction_of_gemm_peak"] is None else f"{100 * util['fraction_of_gemm_peak']:.1f} %"
+        print(f"\nbatch {top['batch']}: model {top['model_tflops']:.1f} TFLOP/s = {frac} of the measured GEMM rate; "
+              f"saturation: {sat['output_tok_s_at_1_per_step']:.0f} output tok/s at 1 token/step (batch {sat['batch']}, "
+              f"runner step); multiply by tokens/step (threshold decoding commits >1)")
+        return {"canvas": L, "q_tokens": sh.block, "rows": rows, "utilisation": util, "saturation": sat}
+
+    def prefill():
+        args, model = st["args"], st["model"]
+        pool = st.get("pool") or kv_pool()
+        tm = P.TimedModel(model, device)
+        runner = ModelRunner(tm, args, pool, device)
+        g = torch.Generator().manual_seed(a.seed + 1)
+        rows, peak = [], peak_tflops()
+        for n in sh.prefill_lens:
+            if n > args.max_len or b.left() < 0:
+                b.skip(f"prefill: length {n} ({'over max_len' if n > args.max_len else 'time budget'})")
+                continue
+            c = torch.full((n,), args.mask_id, dtype=torch.int64)
+            c[: n - sh.block] = torch.randint(1, min(args.vocab_size, args.mask_id, args.eos_id), (n - sh.block,),
+                                              generator=g)
+            alloc = pool.allocate("prefill", n)
+            item = [ForwardItem(c, alloc, 0, n, n - sh.block, n)]
+            step = P.median(P.time_ms(lambda: runner.forward(item), device, sh.warmup, sh.repeats))
+            model_ms = P.median(tm.take()[sh.warmup:])
+            pool.free("prefill")
+            tf = P.forward_flops(args, n, sh.block, n * n) / model_ms / 1e9
+            rows.append({"length": n, "model_ms": model_ms, "step_ms": step, "tok_s": n / (model_ms / 1e3),
+                         "model_tflops": tf, "fraction_of_gemm_peak": tf / peak if peak else None})
+        print(md_table(["length", "model (ms)", "runner step (ms)", "prefill tok/s", "model TFLOP/s", "of GEMM peak"],
+                       [[r["length"], r["model_ms"], r["step_ms"], r["tok_s"], r["model_tflops"],
+                         "n/a" if r["fraction_of_gemm_peak"] is None else f"{100 * r['fraction_of_gemm_peak']:.1f} %"]
+                        for r in rows]))
+        return {"batch": 1, "rows": rows}
+
+    def serving():
+        folder = Path(tempfile.mkdtemp(prefix="dllm-gpu-bench-"))
+        try:
+            t = time.perf_counter()
+            ckpt = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, folder)
+            write_s = time.perf_counter() - t
+            r = P.serving_comparison(ckpt, st["args"], sh, device, str(dtype).removeprefix("torch."), b.left, a.seed)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        r.update({"checkpoint_write_s": write_s, "model": f"{a.serve_layers} layers of the benchmarked width "
+                  f"(d={cfg['d_model']}, vocab {cfg['vocab_size']}), not {cfg['n_layers']}",
+                  "method": "closed batch: every request submitted at t=0 (capacity at matched latency needs "
+                            "an arrival process: use loadgen against the server)"})
+        print(f"serving model: {r['model']}; {r['method']}")
+        if "skipped" in r:
+            b.skip(f"serving: {r['skipped']}")
+            return r
+        print(f"requests: {r['requests']} x (prompt {sh.serve_prompt}, max_tokens {sh.serve_max_tokens}, steps "
+              f"{sh.serve_steps}, ignore_eos, greedy)\n")
+        print(md_table(["configuration", "output tok/s", "req/s", "mean latency (s)", "p50 (s)", "p99 (s)",
+                        "iterations", "max decodes / iteration", "time in forward", "errors"],
+                       [[k, v["output_tok_s"], v["req_s"], v["mean_latency_s"], v["p50_latency_s"], v["p99_latency_s"],
+                         v["iterations"], v["max_decodes_per_iteration"], f"{100 * v['forward_share']:.0f} %",
+                         v["errors"]] for k, v in r["runs"].items()]))
+        print(f"\nthroughput ratio default / batch-1: {r['throughput_ratio']:.2f}x; mean latency ratio "
+              f"{r['mean_latency_ratio']:.2f}x")
+        return r
+
+    def flashinfer():
+        r = P.flashinfer_check(st["args"], device, dtype, sh, page_size, max(sh.batches))
+        if "skipped" in r:
+            print(f"FlashInfer check skipped: {r['skipped']}")
+        else:
+            d = r["decode_shape_one_layer"]
+            print(f"FlashInfer {r['version']} paged prefill (non-causal) vs SDPA: max abs err {r['max_abs_err']:.2e} "
+                  f"({'OK' if r['ok'] else 'FAIL'}, {r['gathered_seqs']} gathered-page sequences); one layer at batch "
+                  f"{d['batch']} x {d['q_len']} q / {d['kv_len']} kv: SDPA loop {d['sdpa_loop_ms']:.2f} ms, "
+                  f"FlashInfer {d['flashinfer_ms']:.2f} ms")
+        return r
+
+    gpu = device.type == "cuda"
+    b.phase("model", build)
+    if "model" in st:
+        b.phase("correctness", correctness)
+        b.phase("gemm", gemm)
+        b.phase("decode", decode, need_s=30 if gpu else 0)
+        b.phase("prefill", prefill, need_s=10 if gpu else 0)
+        st.pop("pool", None), st.pop("model", None)
+        P.free_device_memory(device)
+    if a.skip_serving:
+        b.skip("serving: --skip-serving")
+    else:
+        b.phase("serving", serving, need_s=60 if gpu else 0)
+    if a.skip_flashinfer:
+        b.skip("flashinfer: --skip-flashinfer")
+    else:
+        b.phase("flashinfer", flashinfer, need_s=20 if gpu else 0)
+    ok = not b.res["errors"] and (b.res.get("correctness") or {}).get("ok", False) \
+        and (b.res.get("flashinfer") or {}).get("ok", True)
+    b.res["ok"] = ok
+    b.save()
+    print(f"\n{'OK' if ok else 'PROBLEMS (see errors / correctness in the JSON)'}: {b.res['elapsed_s']} s; "
+          f"results in {a.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""Helpers of bench/gpu.py: the random LLaDA-8B-shaped model, device timing, the correctness
+checks (paged SDPA vs dense, fresh-cache exactness, FlashInfer vs SDPA), GEMM rates, FLOP
+counts and the closed-batch serving comparison through the offline `LLM`."""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import random
+import statistics
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dllm_server import LLM, SamplingParams
+from dllm_server.model import llada
+from dllm_server.model.attention import AttentionBatch, DenseBatch, SeqSpan, sdpa_attention
+from dllm_server.model.layers import Rotary
+from dllm_server.model.tiny import save_weights, write_tokenizer
+from dllm_server.worker.kv_pool import KVPool
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+
+# LLaDA-8B-Instruct's shape (HF config keys); weights are random.
+LLADA_8B = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": 4096, "n_layers": 32,
+            "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288, "vocab_size": 126464,
+            "embedding_size": 126464, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_sequence_length": 4096,
+            "mask_token_id": 126336, "eos_token_id": 126081, "weight_tying": False, "include_bias": False}
+SMOKE_CFG = {**LLADA_8B, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 128,
+             "vocab_size": 512, "embedding_size": 512, "max_sequence_length": 1024, "mask_token_id": 500,
+             "eos_token_id": 501}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    prompt: int                 # decode canvas = prompt + answer; the dual step feeds one block
+    answer: int
+    block: int
+    batches: tuple[int, ...]
+    prefill_lens: tuple[int, ...]
+    gemm_tokens: tuple[int, ...]
+    warmup: int
+    repeats: int
+    serve_requests: int
+    serve_prompt: int
+    serve_max_tokens: int
+    serve_steps: int
+
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+FULL = Shapes(512, 256, 32, BATCHES, (256, 512, 1024, 2048, 4096), (2048, 4096), 3, 10, 32, 512, 256, 64)
+SMOKE = Shapes(96, 64, 32, BATCHES, (64, 128, 256, 512), (256, 512), 1, 3, 4, 64, 64, 8)
+
+
+# ---- model ----
+def build_model(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int):
+    """Random weights allocated directly on the device (meta -> to_empty, then seeded in-place
+    normal_ with a device generator): seconds for 8B on a GPU, no CPU init, no checkpoint."""
+    args = llada.args_from_config(cfg)
+    with torch.device("meta"):
+        model = llada.LLaDAModelLM(args).to(dtype)
+    model = model.to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():   # the scheme of dllm_server.model.tiny.init_weights (peaked logits)
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                p.fill_(1.0)
+            elif "wte" in name:
+                p.normal_(0.0, 1.0, generator=g)
+            elif name == "model.transformer.ff_out.weight":
+                p.normal_(0.0, 5.0 / p.shape[1] ** 0.5, generator=g)
+            else:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5, generator=g)
+    model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    return model.eval().requires_grad_(False), args
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def forward_flops(args, tokens: int, logit_rows: int, q_kv_pairs: int) -> float:
+    """Matmul FLOPs of one packed forward: 2 x (block params) x fed tokens + 2 x (LM head) x logit
+    rows + attention 4 x layers x hidden x sum(q_len * kv_len). Embedding lookups are free."""
+    d, kv = args.hidden, args.num_kv_heads * args.head_dim
+    block = args.num_layers * (2 * d * d + 2 * d * kv + 3 * d * args.mlp_hidden)
+    return 2.0 * block * tokens + 2.0 * d * args.embedding_size * logit_rows + 4.0 * args.num_layers * d * q_kv_pairs
+
+
+def canvas(args, prompt: int, answer: int, block: int, g: torch.Generator) -> torch.Tensor:
+    """Random prompt, first answer block decided, one commit in the second block, rest masked."""
+    hi = min(args.vocab_size, args.mask_id, args.eos_id)
+    c = torch.full((prompt + answer,), args.mask_id, dtype=torch.int64)
+    c[:prompt] = torch.randint(1, hi, (prompt,), generator=g)
+    c[prompt: prompt + block] = torch.randint(1, hi, (block,), generator=g)
+    c[prompt + block + 1] = 7
+    return c
+
+
+# ---- timing ----
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Clock:
+    """CUDA events on a GPU (device timeline), perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        if self.cuda:
+            b.synchronize()
+            return a.elapsed_time(b)
+        return (b - a) * 1e3
+
+
+def time_ms(fn, device: torch.device, warmup: int, repeats: int) -> list[float]:
+    clock = Clock(device)
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    out = []
+    for _ in range(repeats):
+        a = clock.mark()
+        fn()
+        b = clock.mark()
+        out.append(clock.ms(a, b))
+    return out
+
+
+class TimedModel:
+    """Stands in for the model inside a ModelRunner: times just the model call, so one runner
+    call yields both the model time and the whole step (packing, logits to host)."""
+
+    def __init__(self, model, device: torch.device):
+        self.model, self.clock, self.marks = model, Clock(device), []
+
+    def __call__(self, *a):
+        s = self.clock.mark()
+        out = self.model(*a)
+        self.marks.append((s, self.clock.mark()))
+        return out
+
+    def take(self) -> list[float]:
+        ms = [self.clock.ms(a, b) for a, b in self.marks]
+        self.marks.clear()
+        return ms
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---- correctness ----
+def compare(got: torch.Tensor, ref: torch.Tensor, tol: float) -> dict:
+    got, ref = got.float(), ref.float()
+    diff = (got - ref).abs()
+    rel = float(diff.max() / ref.abs().max().clamp_min(1e-12))
+    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "max_rel": rel,
+            "argmax_agree": float((got.argmax(-1) == ref.argmax(-1)).float().mean()), "tol_rel": tol,
+            "ok": rel <= tol}
+
+
+def worst(parts: list[dict]) -> dict:
+    out = max(parts, key=lambda r: r["max_rel"])
+    return {**out, "argmax_agree": min(r["argmax_agree"] for r in parts), "ok": all(r["ok"] for r in parts)}
+
+
+@torch.inference_mode()
+def dense_logits(model, args, c: torch.Tensor, device) -> torch.Tensor:
+    n = c.numel()
+    pos = torch.arange(n, device=device)
+    return model(c.to(device), pos, DenseBatch(1), None, pos)[:, : args.vocab_size].float().cpu()
+
+
+def check_paged_vs_dense(model, args, device, dtype, sh: Shapes, tol: float, seed: int, page_size: int) -> dict:
+    """The runner's paged SDPA path against the dense no-cache forward, for (a) one canvas on
+    contiguous pages and (b) a packed batch adding a canvas on non-contiguous pages (gathered
+    through slot_ids). Per case: the full-canvas refresh's answer logits, then a dual-cache block
+    step right after it (fresh-cache exactness)."""
+    g = torch.Generator().manual_seed(seed)
+    L = sh.prompt + sh.answer
+    pages = -(-L // page_size)
+    pool = KVPool(args.num_layers, 2 * pages + 1, page_size, args.num_kv_heads, args.head_dim, dtype, device)
+    pool.allocate("gap", page_size), pool.allocate("pin", page_size), pool.free("gap")
+    canvases = [canvas(args, sh.prompt, sh.answer, sh.block, g) for _ in range(2)]
+    allocs = [pool.allocate("r0", L), pool.allocate("r1", L)]
+    assert allocs[0].slot_ids is None and allocs[1].slot_ids is not None, "fragmentation set-up failed"
+    runner = ModelRunner(model, args, pool, device)
+    refs = [dense_logits(model, args, c, device) for c in canvases]
+    s, e = sh.prompt + sh.block, sh.prompt + 2 * sh.block
+    a, b = fed_range("dual", False, s, e, L, args.logit_shift)
+    out = {}
+    for name, idx in (("contiguous", [0]), ("packed_with_gathered_pages", [0, 1])):
+        try:
+            full = runner.forward([ForwardItem(canvases[i], allocs[i], 0, L, sh.prompt, L) for i in idx])
+            step = runner.forward([ForwardItem(canvases[i], allocs[i], a, b, s, e) for i in idx])
+            out[name] = {"refresh": worst([compare(full[k], refs[i][sh.prompt:], tol) for k, i in enumerate(idx)]),
+                         "dual_step_after_refresh": worst([compare(step[k], refs[i][s:e], tol)
+                                                           for k, i in enumerate(idx)])}
+        except Exception as exc:   # e.g. a device mismatch on the gathered-pages path
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "ok": False}
+    out["ok"] = all(c["ok"] if "error" in c else c["refresh"]["ok"] and c["dual_step_after_refresh"]["ok"]
+                    for c in list(out.values()))
+    return out
+
+
+def flashinfer_check(args, device, dtype, sh: Shapes, page_size: int, batch: int) -> dict:
+    """FlashInfer's non-causal batch prefill over paged KV (our pool's pages, NHD layout) against
+    sdpa_attention on random q/k/v; then one layer's attention at the decode shape, both ways."""
+    if device.type != "cuda":
+        return {"skipped": f"no CUDA device (device={device.type})"}
+    try:
+        import flashinfer
+    except Exception as exc:
+        return {"skipped": f"flashinfer not importable: {type(exc).__name__}: {exc}"}
+    H, Hkv, D = args.num_heads, args.num_kv_heads, args.head_dim
+    L = sh.prompt + sh.answer
+    spans = [(L, sh.prompt, sh.block), (L - 68, sh.prompt, sh.block), (129, 96, 32), (33, 0, 33)]
+
+    def setup(specs, fragment: bool):
+        pages = sum(-(-kv // page_size) for kv, _, _ in specs) + 2
+        pool = KVPool(1, pages, page_size, Hkv, D, dtype, device)
+        if fragment:
+            pool.allocate("gap", page_size), pool.allocate("pin", page_size), pool.free("gap")
+        pool.layers[0].k.normal_(), pool.layers[0].v.normal_()
+        seqs, page_ids, indptr, last, q0 = [], [], [0], [], 0
+        for i, (kv, pos, qn) in enumerate(specs):
+            al = pool.allocate(f"s{i}", kv)
+            ids = None if al.slot_ids is None else al.slot_ids.to(device)
+            seqs.append(SeqSpan(q0, qn, pos, kv, al.slot_base, ids))
+            page_ids += al.pages
+            indptr.append(len(page_ids))
+            last.append(kv - (len(al.pages) - 1) * page_size)
+            q0 += qn
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
+        q = torch.randn(q0, H, D, dtype=dtype, device=device)
+        qo = i32([0] + [sum(s.q_len for s in seqs[: j + 1]) for j in range(len(seqs))])
+        return pool, seqs, q, (qo, i32(indptr), i32(page_ids), i32(last))
+
+    def fed_kv(pool, seqs):
+        lay = pool.layers[0]
+        rows = []
+        for s in seqs:
+            slots = (torch.arange(s.pos_start, s.pos_start + s.q_len, device=device) + s.slot_base
+                     if s.slot_ids is None else s.slot_ids[s.pos_start: s.pos_start + s.q_len])
+            rows.append(slots)
+        rows = torch.cat(rows)
+        return lay.k[rows].clone(), lay.v[rows].clone()   # writing them back is then a no-op
+
+    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+
+    def fi_run(pool, q, meta):
+        wrapper.plan(*meta, H, Hkv, D, page_size, causal=False, q_data_type=dtype, kv_data_type=dtype)
+        k = pool.layers[0].k.view(-1, page_size, Hkv, D)
+        v = pool.layers[0].v.view(-1, page_size, Hkv, D)
+        return lambda: wrapper.run(q, (k, v))
+
+    out = {"version": getattr(flashinfer, "__version__", "?"), "page_size": page_size, "layout": "NHD"}
+    pool, seqs, q, meta = setup(spans, fragment=True)
+    k, v = fed_kv(pool, seqs)
+    ref = sdpa_attention(q, k, v, pool.layers[0], AttentionBatch(seqs)).float()
+    got = fi_run(pool, q, meta)().float()
+    err = (got - ref).abs().max().item()
+    out.update({"max_abs_err": err, "ref_abs_max": ref.abs().max().item(), "tol_abs": 2e-2, "ok": err <= 2e-2,
+                "spans_kv_pos_q": [list(s) for s in spans],
+                "gathered_seqs": sum(s.slot_ids is not None for s in seqs)})
+    pool, seqs, q, meta = setup([(L, sh.prompt, sh.block)] * batch, fragment=False)
+    k, v = fed_kv(pool, seqs)
+    run = fi_run(pool, q, meta)
+    sd = time_ms(lambda: sdpa_attention(q, k, v, pool.layers[0], AttentionBatch(seqs)), device, 3, 10)
+    fi = time_ms(run, device, 3, 10)
+    out["decode_shape_one_layer"] = {"batch": batch, "q_len": sh.block, "kv_len": L, "sdpa_loop_ms": median(sd),
+                                     "flashinfer_ms": median(fi)}
+    return out
+
+
+# ---- GEMM rate ----
+def gemm_rates(args, device, dtype, tokens: tuple[int, ...], warmup: int, repeats: int) -> list[dict]:
+    d, mlp, kv = args.hidden, args.mlp_hidden, args.num_kv_heads * args.head_dim
+    shapes = [("q/k/v/out proj", d, kv), ("MLP gate/up", d, mlp), ("MLP down", mlp, d), ("LM head", d, args.embedding_size)]
+    inner = 10 if device.type == "cuda" else 1
+    rows = []
+    for t in tokens:
+        for name, k, n in shapes:
+            x = torch.randn(t, k, dtype=dtype, device=device)
+            w = torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5
+
+            def run():
+                for _ in range(inner):
+                    F.linear(x, w)
+            ms = median(time_ms(run, device, warmup, repeats)) / inner
+            rows.append({"name": name, "m": t, "k": k, "n": n, "ms": ms, "tflops": 2 * t * k * n / ms / 1e9})
+            del x, w
+    return rows
+
+
+# ---- serving (offline LLM, closed batch) ----
+class TimedLLM(LLM):
+    """The offline LLM plus each request's finish time and per-iteration timings."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.finished_at: dict[str, float] = {}
+        self.iterations: list[tuple[float, float, int]] = []
+        step = self.core.step
+
+        def timed_step():
+            t = time.perf_counter()
+            out = step()
+            self.iterations.append((time.perf_counter() - t, self.core.last.forward_s, self.core.last.num_decodes))
+            return out
+        self.core.step = timed_step
+
+    def _handle(self, msg, states, done) -> None:
+        super()._handle(msg, states, done)
+        if msg.request_id in done and msg.request_id not in self.finished_at:
+            self.finished_at[msg.request_id] = time.perf_counter()
+
+
+def write_checkpoint(cfg: dict, layers: int, device, dtype: torch.dtype, seed: int, folder: Path) -> Path:
+    cfg = {**cfg, "n_layers": layers, "torch_dtype": str(dtype).removeprefix("torch.")}
+    model, _ = build_model(cfg, device, dtype, seed)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    del model
+    free_device_memory(device)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_weights(types.SimpleNamespace(state_dict=lambda: state), folder, dtype)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_tokenizer(folder, "llada", cfg["max_sequence_length"])   # byte tokenizer; prompts go in as ids
+    return folder
+
+
+def free_device_memory(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def closed_batch(llm: TimedLLM, prompts: list, params: SamplingParams) -> dict:
+    llm.finished_at.clear(), llm.iterations.clear()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    lat = sorted(llm.finished_at[o.request_id] - t0 for o in outs)
+    tokens = sum(len(o.token_ids) for o in outs)
+    it = llm.iterations
+    return {"requests": len(outs), "wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
+            "req_s": len(outs) / wall, "mean_latency_s": statistics.mean(lat), "p50_latency_s": median(lat),
+            "p99_latency_s": lat[max(0, math.ceil(0.99 * len(lat)) - 1)],
+            "errors": sum(o.finish_reason == "error" for o in outs),
+            "first_error": next((o.error for o in outs if o.error), None),
+            "forwards_per_request": median([o.stats.num_forwards for o in outs]), "iterations": len(it),
+            "max_decodes_per_iteration": max((n for _, _, n in it), default=0),
+            "forward_share": sum(f for _, f, _ in it) / max(1e-9, sum(s for s, _, _ in it))}
+
+
+def serving_comparison(ckpt: Path, args, sh: Shapes, device, dtype_name: str, seconds_left, seed: int) -> dict:
+    rng = random.Random(seed)
+    hi = min(args.vocab_size, args.mask_id, args.eos_id)
+    prompts = [{"prompt_token_ids": [rng.randrange(1, hi) for _ in range(sh.serve_prompt)]}
+               for _ in range(sh.serve_requests)]
+    params = SamplingParams(max_tokens=sh.serve_max_tokens, steps=sh.serve_steps, ignore_eos=True)
+    common = dict(device=str(device), dtype=dtype_name, skip_tokenizer_init=True, cache="dual", block_length=sh.block)
+    configs = [("batch-1 baseline (max_active_decodes=1, token_budget=None)", dict(max_active_decodes=1, token_budget=None)),
+               ("default scheduler (token_budget=1024, max_active_decodes=64)", {})]
+    out: dict = {"runs": {}, "params": {"prompt_len": sh.serve_prompt, "max_tokens": sh.serve_max_tokens,
+                                        "steps": sh.serve_steps, "block_length": sh.block, "ignore_eos": True,
+                                        "temperature": 0.0}}
+    n = len(prompts)
+    for i, (name, extra) in enumerate(configs):
+        t = time.perf_counter()
+        llm = TimedLLM(str(ckpt), **common, **extra)
+        load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        llm.generate(prompts[:1], params)            # warm-up: one request alone
+        one = time.perf_counter() - t
+        if i == 0:   # size the batch so that both runs fit (the default run is no slower per request)
+            n = min(n, int(0.8 * (seconds_left() - 2 * load_s - one) / (2 * one)))
+            out.update({"baseline_one_request_s": one, "load_s": load_s, "requests_planned": sh.serve_requests})
+            if n < 2:
+                del llm
+                free_device_memory(device)
+                out["skipped"] = f"time: one batch-1 request takes {one:.1f} s, {seconds_left():.0f} s left"
+                return out
+        out["runs"][name] = closed_batch(llm, prompts[:n], params)
+        del llm
+        free_device_memory(device)
+    base, dflt = out["runs"].values()
+    out["requests"] = n
+    out["throughput_ratio"] = dflt["output_tok_s"] / base["output_tok_s"]
+    out["mean_latency_ratio"] = dflt["mean_latency_s"] / base["mean_latency_s"]
+    return out
