@@ -21,6 +21,8 @@ import json
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -125,6 +127,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--skip-flashinfer", action="store_true")
+    ap.add_argument("--flashinfer-only", action="store_true", help=argparse.SUPPRESS)   # the child of that phase
     a = ap.parse_args()
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() and not a.smoke else "cpu"))
     if a.threads or a.smoke:
@@ -136,6 +139,10 @@ def main() -> int:
     sh = P.SMOKE if a.smoke else P.FULL
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     page_size = ServerConfig().page_size
+    if a.flashinfer_only:
+        r = P.flashinfer_check(P.llada.args_from_config(cfg), device, dtype, sh, page_size, max(sh.batches))
+        a.out.write_text(json.dumps(r, indent=2, default=str))
+        return 0
     b = Bench(a.out, a.time_budget_s, device)
     b.res["meta"] = meta = env_info(device, dtype, cfg, sh, a.smoke)
     print(f"# dllm-server GPU benchmark{' (SMOKE: tiny shapes)' if a.smoke else ''}\n")
@@ -151,11 +158,11 @@ def main() -> int:
         t = time.perf_counter()
         st["model"], st["args"] = P.build_model(cfg, device, dtype, a.seed)
         P.sync(device)
-        n = P.num_params(st["model"])
+        n = sum(p.numel() for p in st["model"].parameters())
         emb = cfg["embedding_size"] * cfg["d_model"] * 2
         r = {"params": n, "params_non_embedding": n - emb, "build_s": time.perf_counter() - t,
              "weights_gib": n * torch.finfo(dtype).bits / 8 / 2**30}
-        print(f"{n / 1e9:.3f} B parameters ({r['weights_gib']:.1f} GiB), built in {r['build_s']:.1f} s")
+        print(f"{n / 1e6:,.1f} M parameters ({r['weights_gib']:.2f} GiB), built on {device} in {r['build_s']:.1f} s")
         return r
 
     def correctness():
@@ -232,7 +239,7 @@ def main() -> int:
         sat = {"batch": best["batch"], "output_tok_s_at_1_per_step": best["output_tok_s_at_1_per_step"],
                "block_positions_per_s": best["batch"] * sh.block / (best["step_ms"] / 1e3)}
         frac = "n/a" if util["fraction_of_gemm_peak"] is None else f"{100 * util['fraction_of_gemm_peak']:.1f} %"
-        print(f"\nbatch {top['batch']}: model {top['model_tflops']:.1f} TFLOP/s = {frac} of the measured GEMM rate; "
+        print(f"\nbatch {top['batch']}: model {top['model_tflops']:.3g} TFLOP/s = {frac} of the measured GEMM rate; "
               f"saturation: {sat['output_tok_s_at_1_per_step']:.0f} output tok/s at 1 token/step (batch {sat['batch']}, "
               f"runner step); multiply by tokens/step (threshold decoding commits >1)")
         return {"canvas": L, "q_tokens": sh.block, "rows": rows, "utilisation": util, "saturation": sat}
@@ -294,9 +301,33 @@ def main() -> int:
         return r
 
     def flashinfer():
-        r = P.flashinfer_check(st["args"], device, dtype, sh, page_size, max(sh.batches))
+        """In a child process with a deadline: the first use may JIT-compile FlashInfer's kernels
+        (minutes), and a CUDA fault there must not poison this process."""
+        tmp = a.out.with_name(a.out.name + ".flashinfer.json")
+        tmp.unlink(missing_ok=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--flashinfer-only", "--out", str(tmp),
+               "--device", str(device), "--seed", str(a.seed)]
+        cmd += (["--smoke"] if a.smoke else []) + (["--layers", str(a.layers)] if a.layers else [])
+        limit = max(15.0, b.left())
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            log = proc.communicate(timeout=limit)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)   # its group: the child and any compiler it started
+            proc.communicate()
+            r = {"skipped": f"timed out after {limit:.0f} s (the first use JIT-compiles FlashInfer kernels; "
+                            "install the matching flashinfer-jit-cache / flashinfer-cubin, or rerun)"}
+        else:
+            if proc.returncode == 0 and tmp.is_file():
+                r = json.loads(tmp.read_text())
+            else:
+                r = {"error": f"child exited {proc.returncode}: {log[-1500:]}", "ok": False}
+        tmp.unlink(missing_ok=True)
         if "skipped" in r:
             print(f"FlashInfer check skipped: {r['skipped']}")
+        elif "error" in r:
+            print(f"FlashInfer check FAILED: {r['error']}")
         else:
             d = r["decode_shape_one_layer"]
             print(f"FlashInfer {r['version']} paged prefill (non-causal) vs SDPA: max abs err {r['max_abs_err']:.2e} "

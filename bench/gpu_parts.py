@@ -78,10 +78,6 @@ def build_model(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int):
     return model.eval().requires_grad_(False), args
 
 
-def num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def forward_flops(args, tokens: int, logit_rows: int, q_kv_pairs: int) -> float:
     """Matmul FLOPs of one packed forward: 2 x (block params) x fed tokens + 2 x (LM head) x logit
     rows + attention 4 x layers x hidden x sum(q_len * kv_len). Embedding lookups are free."""
@@ -226,13 +222,17 @@ def flashinfer_check(args, device, dtype, sh: Shapes, page_size: int, batch: int
         import flashinfer
     except Exception as exc:
         return {"skipped": f"flashinfer not importable: {type(exc).__name__}: {exc}"}
+    return flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh, page_size, batch)
+
+
+def flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh: Shapes, page_size: int, batch: int) -> dict:
     H, Hkv, D = args.num_heads, args.num_kv_heads, args.head_dim
     L = sh.prompt + sh.answer
-    spans = [(L, sh.prompt, sh.block), (L - 68, sh.prompt, sh.block), (129, 96, 32), (33, 0, 33)]
+    spans = [(L, sh.prompt, sh.block), (L - 5, sh.prompt, sh.block), (129, 96, 32), (33, 0, 33)]  # kv, pos, q
 
     def setup(specs, fragment: bool):
-        pages = sum(-(-kv // page_size) for kv, _, _ in specs) + 2
-        pool = KVPool(1, pages, page_size, Hkv, D, dtype, device)
+        pages = sum(-(-kv // page_size) for kv, _, _ in specs) + fragment   # one spare page: the last
+        pool = KVPool(1, pages, page_size, Hkv, D, dtype, device)                # sequence gets gathered pages
         if fragment:
             pool.allocate("gap", page_size), pool.allocate("pin", page_size), pool.free("gap")
         pool.layers[0].k.normal_(), pool.layers[0].v.normal_()
@@ -247,18 +247,12 @@ def flashinfer_check(args, device, dtype, sh: Shapes, page_size: int, batch: int
             q0 += qn
         i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
         q = torch.randn(q0, H, D, dtype=dtype, device=device)
-        qo = i32([0] + [sum(s.q_len for s in seqs[: j + 1]) for j in range(len(seqs))])
-        return pool, seqs, q, (qo, i32(indptr), i32(page_ids), i32(last))
+        return pool, seqs, q, (i32([s.q_start for s in seqs] + [q0]), i32(indptr), i32(page_ids), i32(last))
 
-    def fed_kv(pool, seqs):
-        lay = pool.layers[0]
-        rows = []
-        for s in seqs:
-            slots = (torch.arange(s.pos_start, s.pos_start + s.q_len, device=device) + s.slot_base
-                     if s.slot_ids is None else s.slot_ids[s.pos_start: s.pos_start + s.q_len])
-            rows.append(slots)
-        rows = torch.cat(rows)
-        return lay.k[rows].clone(), lay.v[rows].clone()   # writing them back is then a no-op
+    def fed_kv(pool, seqs):   # the fed rows' K/V as stored, so sdpa_attention writing them back is a no-op
+        rows = torch.cat([torch.arange(s.pos_start, s.pos_start + s.q_len, device=device) + s.slot_base
+                          if s.slot_ids is None else s.slot_ids[s.pos_start: s.pos_start + s.q_len] for s in seqs])
+        return pool.layers[0].k[rows].clone(), pool.layers[0].v[rows].clone()
 
     ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=device)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
@@ -391,14 +385,13 @@ def serving_comparison(ckpt: Path, args, sh: Shapes, device, dtype_name: str, se
         if i == 0:   # size the batch so that both runs fit (the default run is no slower per request)
             n = min(n, int(0.8 * (seconds_left() - 2 * load_s - one) / (2 * one)))
             out.update({"baseline_one_request_s": one, "load_s": load_s, "requests_planned": sh.serve_requests})
-            if n < 2:
-                del llm
-                free_device_memory(device)
-                out["skipped"] = f"time: one batch-1 request takes {one:.1f} s, {seconds_left():.0f} s left"
-                return out
-        out["runs"][name] = closed_batch(llm, prompts[:n], params)
+        if n >= 2:
+            out["runs"][name] = closed_batch(llm, prompts[:n], params)
         del llm
         free_device_memory(device)
+        if n < 2:
+            out["skipped"] = f"time: one batch-1 request takes {one:.1f} s, {seconds_left():.0f} s left"
+            return out
     base, dflt = out["runs"].values()
     out["requests"] = n
     out["throughput_ratio"] = dflt["output_tok_s"] / base["output_tok_s"]

@@ -1,0 +1,89 @@
+"""bench/gpu.py: the --smoke run (CPU, tiny shapes) writes every section of the JSON; the full
+8B run needs a CUDA device and is skipped without one."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu.py"
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def run_bench(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_sections(r: dict, prefill_lens: list[int]) -> None:
+    assert not r["errors"], r["errors"]
+    for k in ("date", "torch", "device", "dtype", "config"):
+        assert r["meta"][k] is not None, k
+    c = r["correctness"]
+    assert c["ok"], c
+    for case in ("contiguous", "packed_with_gathered_pages"):
+        for check in ("refresh", "dual_step_after_refresh"):
+            got = c[case][check]
+            assert got["ok"] and got["max_rel"] <= got["tol_rel"], (case, check, got)
+    assert r["gemm"]["peak_tflops"] > 0
+    rows = r["decode"]["rows"]
+    assert [x["batch"] for x in rows] == BATCHES
+    assert all(0 < x["model_ms"] <= x["step_ms"] for x in rows)
+    assert r["decode"]["utilisation"]["fraction_of_gemm_peak"] > 0
+    assert r["decode"]["saturation"]["output_tok_s_at_1_per_step"] > 0
+    assert [x["length"] for x in r["prefill"]["rows"]] == prefill_lens
+    assert all(x["tok_s"] > 0 for x in r["prefill"]["rows"])
+    s = r["serving"]
+    assert "skipped" not in s, s
+    assert s["throughput_ratio"] > 0 and s["mean_latency_ratio"] > 0
+    base, default = s["runs"].values()
+    assert base["max_decodes_per_iteration"] == 1
+    assert base["requests"] == default["requests"] == s["requests"] >= 2
+    assert base["errors"] == default["errors"] == 0
+    assert base["output_tokens"] == default["output_tokens"]   # same requests, ignore_eos
+    assert default["p99_latency_s"] >= default["p50_latency_s"] > 0
+
+
+def test_smoke_run_on_cpu_writes_every_section(tmp_path):
+    out = tmp_path / "x.json"
+    t = time.monotonic()
+    proc = run_bench(["--smoke", "--out", str(out)], timeout=120)
+    elapsed = time.monotonic() - t
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 60, f"smoke run took {elapsed:.0f} s"
+    r = json.loads(out.read_text())
+    assert r["ok"] and r["meta"]["smoke"] and not r["skipped"]
+    check_sections(r, [64, 128, 256, 512])
+    for check in ("refresh", "dual_step_after_refresh"):   # fp32: the cache path is exact
+        assert r["correctness"]["packed_with_gathered_pages"][check]["argmax_agree"] == 1.0
+    assert "CUDA" in r["flashinfer"]["skipped"]
+    assert "| batch | fed tokens | model step (ms)" in proc.stdout
+    assert "| length | model (ms)" in proc.stdout
+    assert "throughput ratio default / batch-1" in proc.stdout
+
+
+def test_time_budget_skips_phases_and_still_writes_json(tmp_path):
+    out = tmp_path / "x.json"
+    proc = run_bench(["--smoke", "--out", str(out), "--time-budget-s", "0", "--skip-flashinfer"], timeout=120)
+    assert proc.returncode == 1
+    r = json.loads(out.read_text())
+    assert not r["ok"] and "decode" not in r and "serving" not in r
+    assert any(note.startswith("serving:") for note in r["skipped"])
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(660)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_full_run_on_gpu(tmp_path):
+    out = tmp_path / "gpu_bench.json"
+    proc = run_bench(["--out", str(out)], timeout=600)
+    r = json.loads(out.read_text())
+    assert r["meta"]["gpu"], r["meta"]
+    assert not r["skipped"], r["skipped"]
+    check_sections(r, [256, 512, 1024, 2048, 4096])
+    assert r["decode"]["utilisation"]["fraction_of_gemm_peak"] < 1.5
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
