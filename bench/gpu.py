@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("--device", help="default: cuda when available (cpu with --smoke)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: 1 with --smoke)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                    help="default: bfloat16 (float32 with --smoke)")
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--skip-flashinfer", action="store_true")
     ap.add_argument("--flashinfer-only", action="store_true", help=argparse.SUPPRESS)   # the child of that phase
@@ -132,15 +134,18 @@ def main() -> int:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() and not a.smoke else "cpu"))
     if a.threads or a.smoke:
         torch.set_num_threads(a.threads or 1)
-    dtype = torch.float32 if a.smoke else torch.bfloat16
+    dtype = getattr(torch, a.dtype or ("float32" if a.smoke else "bfloat16"))
     cfg = dict(P.SMOKE_CFG if a.smoke else P.LLADA_8B)
     if a.layers:
         cfg["n_layers"] = a.layers
     sh = P.SMOKE if a.smoke else P.FULL
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     page_size = ServerConfig().page_size
+    margs = P.llada.args_from_config(cfg)   # the model's shape (no weights)
     if a.flashinfer_only:
-        r = P.flashinfer_check(P.llada.args_from_config(cfg), device, dtype, sh, page_size, max(sh.batches))
+        r = P.flashinfer_check(margs, device, dtype, sh, page_size, max(sh.batches))
+        if device.type == "cuda":
+            r["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         a.out.write_text(json.dumps(r, indent=2, default=str))
         return 0
     b = Bench(a.out, a.time_budget_s, device)
@@ -176,7 +181,7 @@ def main() -> int:
                 continue
             for check, c in v.items():
                 rows.append([case, check, c["max_abs"], c["max_rel"], c["argmax_agree"], c["tol_rel"], c["ok"]])
-        print(md_table(["case", "check", "max abs err", "max rel err (to max |ref|)", "argmax agree", "tol", "ok"], rows))
+        print(md_table(["case", "check", "max abs err", "max rel err (vs max abs ref)", "argmax agree", "tol", "ok"], rows))
         print(f"\npaged SDPA vs dense: {'OK' if r['ok'] else 'FAIL'}")
         return r
 
@@ -185,7 +190,7 @@ def main() -> int:
         print(md_table(["GEMM", "M (tokens)", "K", "N", "ms", "TFLOP/s"],
                        [[r["name"], r["m"], r["k"], r["n"], r["ms"], r["tflops"]] for r in rows]))
         peak = max(r["tflops"] for r in rows)
-        print(f"\ndense {str(dtype).removeprefix('torch.')} GEMM rate of this machine (best shape): {peak:.1f} TFLOP/s")
+        print(f"\ndense {str(dtype).removeprefix('torch.')} GEMM rate of this machine (best shape): {peak:.3g} TFLOP/s")
         return {"rows": rows, "peak_tflops": peak}
 
     def kv_pool():
@@ -278,7 +283,7 @@ def main() -> int:
             t = time.perf_counter()
             ckpt = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, folder)
             write_s = time.perf_counter() - t
-            r = P.serving_comparison(ckpt, st["args"], sh, device, str(dtype).removeprefix("torch."), b.left, a.seed)
+            r = P.serving_comparison(ckpt, margs, sh, device, str(dtype).removeprefix("torch."), b.left, a.seed)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         r.update({"checkpoint_write_s": write_s, "model": f"{a.serve_layers} layers of the benchmarked width "
@@ -308,6 +313,7 @@ def main() -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--flashinfer-only", "--out", str(tmp),
                "--device", str(device), "--seed", str(a.seed)]
         cmd += (["--smoke"] if a.smoke else []) + (["--layers", str(a.layers)] if a.layers else [])
+        cmd += ["--dtype", str(dtype).removeprefix("torch.")]
         limit = max(15.0, b.left())
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)

@@ -25,6 +25,7 @@ class KVPool:
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         self.num_pages = num_pages
         self.page_size = page_size
+        self.device = torch.device(device)
         slots = num_pages * page_size
         self.layers = [LayerKV(torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device),
                                torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device))
@@ -54,7 +55,8 @@ class KVPool:
         else:
             idx = torch.arange(num_tokens)
             page_of = torch.tensor(pages, dtype=torch.int64)[idx // self.page_size]
-            alloc = PageAlloc(pages, -1, page_of * self.page_size + idx % self.page_size)
+            # On the pool's device: index_select on CUDA rejects a host index.
+            alloc = PageAlloc(pages, -1, (page_of * self.page_size + idx % self.page_size).to(self.device))
         self._owner[owner] = alloc
         return alloc
 

@@ -76,6 +76,8 @@ class TransferTable:
         while True:
             t = self._jobs.get()
             try:
+                if t.buffer.is_cuda:          # the current CUDA device is per thread
+                    torch.cuda.set_device(t.buffer.device)
                 if t.is_sender:
                     dist.send(t.buffer, dst=t.peer, tag=t.tag)
                 else:
