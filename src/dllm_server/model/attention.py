@@ -11,6 +11,7 @@ Backends: SDPA (CPU and GPU fallback) here; FlashInfer comes with the GPU path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,16 @@ class SeqSpan:
     slot_ids: torch.Tensor | None  # otherwise the slot of every canvas position (int64 [kv_len])
 
 
+AttentionFn = Callable[..., torch.Tensor]   # (q, k, v, layer_kv, batch) -> out, see sdpa_attention
+
+
 @dataclass(slots=True)
 class AttentionBatch:
+    """Per-forward attention metadata, built by the runner alone; `backend` is the attention
+    implementation every layer calls for this forward (select_backend)."""
     seqs: list[SeqSpan]
     causal: bool = False   # test-only oracle: query at p sees keys <= p
+    backend: AttentionFn | None = None
 
 
 @dataclass(slots=True)
@@ -68,11 +75,17 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: De
     return o.transpose(1, 2).reshape(q.shape)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None,
-                   batch: AttentionBatch | DenseBatch) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] for the packed fed tokens -> [T, H, D]."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None,
+           batch: AttentionBatch | DenseBatch) -> torch.Tensor:
+    """What every layer calls: q [T, H, D], k/v [T, Hkv, D] for the packed fed tokens -> [T, H, D]."""
     if isinstance(batch, DenseBatch):
         return dense_attention(q, k, v, batch)
+    return (batch.backend or sdpa_attention)(q, k, v, kv, batch)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
+                   batch: AttentionBatch) -> torch.Tensor:
+    """The paged SDPA backend: write each sequence's fresh K/V, attend over its whole canvas."""
     out = torch.empty_like(q)
     for seq in batch.seqs:
         rows = slice(seq.q_start, seq.q_start + seq.q_len)
@@ -91,3 +104,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
             values.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)
         out[rows] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def select_backend(device: torch.device) -> AttentionFn:
+    """The attention implementation for a device. SDPA everywhere for now; the FlashInfer paged
+    backend for CUDA arrives with the GPU path (issue 8)."""
+    return sdpa_attention

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .args import ModelArgs
-from .attention import AttentionBatch, DenseBatch, LayerKV, sdpa_attention
+from .attention import AttentionBatch, DenseBatch, LayerKV, attend
 from .layers import RMSNorm, Rotary, apply_rotary, swiglu
 
 
@@ -43,7 +43,7 @@ class DreamAttention(nn.Module):
         q = apply_rotary(self.q_proj(x).view(-1, n_h, d), cos, sin)
         k = apply_rotary(self.k_proj(x).view(-1, n_kv, d), cos, sin)
         v = self.v_proj(x).view(-1, n_kv, d)
-        return self.o_proj(sdpa_attention(q, k, v, kv, batch).flatten(1))
+        return self.o_proj(attend(q, k, v, kv, batch).flatten(1))
 
 
 class DreamMLP(nn.Module):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .args import ModelArgs
-from .attention import AttentionBatch, DenseBatch, LayerKV, sdpa_attention
+from .attention import AttentionBatch, DenseBatch, LayerKV, attend
 from .layers import RMSNorm, Rotary, apply_rotary, swiglu
 
 
@@ -48,7 +48,7 @@ class LLaDABlock(nn.Module):
         q = apply_rotary(self.q_proj(x).view(-1, n_h, d), cos, sin)
         k = apply_rotary(self.k_proj(x).view(-1, n_kv, d), cos, sin)
         v = self.v_proj(x).view(-1, n_kv, d)
-        h = h + self.attn_out(sdpa_attention(q, k, v, kv, batch).flatten(1))
+        h = h + self.attn_out(attend(q, k, v, kv, batch).flatten(1))
         return h + swiglu(self.ff_norm(h), self.ff_proj, self.up_proj, self.ff_out)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.args import ModelArgs
-from ..model.attention import AttentionBatch, SeqSpan
+from ..model.attention import AttentionBatch, SeqSpan, select_backend
 from .kv_pool import KVPool, PageAlloc
 
 
@@ -44,6 +44,7 @@ class ModelRunner:
         self.pool = pool
         self.device = device
         self.causal = causal
+        self.attention = select_backend(device)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
@@ -62,7 +63,7 @@ class ModelRunner:
                                 it.alloc.slot_ids))
             q_start += n
         logits = self.model(torch.cat(ids).to(self.device), torch.cat(pos).to(self.device),
-                            AttentionBatch(seqs, self.causal), self.pool.layers,
+                            AttentionBatch(seqs, self.causal, self.attention), self.pool.layers,
                             torch.cat(rows).to(self.device))
         logits = logits[:, : self.args.vocab_size].float()
         width = max(it.block_end - it.block_start for it in items)
