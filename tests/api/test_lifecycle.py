@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -31,8 +30,17 @@ def wait_for(cond, timeout=20.0):
 
 
 def children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(x) for x in out.split()}
+    """Direct children of `pid`, from /proc (field 4 of /proc/N/stat is the parent)."""
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.add(int(entry))
+    return kids
 
 
 # One token per forward, one block: the KV pages stay allocated for the whole request.
