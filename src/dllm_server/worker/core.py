@@ -141,7 +141,9 @@ class WorkerCore:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.tasks)
+        """Something to compute: seated or seatable decodes, or a prefill waiting. Blocks held
+        for a handoff or waiting for their KV to arrive are not work (the loop may sleep)."""
+        return bool(self.active or self.ready or any(t.alloc is None for t in self.tasks.values()))
 
     @property
     def outstanding_prefill_tokens(self) -> int:
