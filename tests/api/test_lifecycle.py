@@ -198,3 +198,23 @@ def test_without_restart_a_dead_worker_stops_the_server_non_zero(tiny_llada, tmp
     os.kill(worker, signal.SIGKILL)
     assert s.proc.wait(30) == 1
     assert wait_for(lambda: not any(os.path.exists(f"/proc/{k}") for k in kids), 10)
+
+
+def test_keep_alive_comments_while_a_stream_waits(tiny_llada, tmp_path):
+    s = start_server(tiny_llada, "--block-length", "8", "--max-active-decodes", "1", "--keep-alive-s", "0.2",
+                     tmp_path=tmp_path)
+    try:
+        blocker = threading.Thread(target=lambda: httpx.post(s.url + "/v1/completions", json=SLOW, timeout=120))
+        blocker.start()
+        assert wait_for(lambda: metric(s, "dllm:num_requests_running") == 1)
+        lines = []
+        with httpx.stream("POST", s.url + "/v1/completions", json={**SLOW, "max_tokens": 8, "block_length": 8,
+                                                                    "steps": 8, "stream": True}, timeout=120) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+        blocker.join(120)
+        assert ": keep-alive" in lines                       # sent while queued behind the blocker
+        assert lines.index(": keep-alive") < next(i for i, l in enumerate(lines) if l.startswith("data: {"))
+        assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
+    finally:
+        s.stop()
