@@ -44,6 +44,8 @@ class ServerConfig:
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
+    reprefill_wait_ms: float = _f(3.0, "after a block ends, how long a worker waits for its re-prefill to "
+                                  "arrive so it joins the next iteration")
     threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers")
     # --- server ---
     host: str = _f("127.0.0.1", "bind address")
@@ -91,6 +93,8 @@ class ServerConfig:
             bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
         if not 0 < self.port < 65536:
             bad("port", f"must be in 1..65535, got {self.port}")
+        if self.reprefill_wait_ms < 0:
+            bad("reprefill_wait_ms", f"must be >= 0, got {self.reprefill_wait_ms}")
         if self.max_waiting_requests < 1:
             bad("max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests}")
         if self.shutdown_timeout_s < 0:

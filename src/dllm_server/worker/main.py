@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ServerConfig
-from ..messages import (Abort, HandoffDone, HandoffKV, ReceiveKV, RequestFailed, Shutdown, SubmitBlock,
+from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, ReceiveKV, RequestFailed, Shutdown, SubmitBlock,
                         WorkerFailed, WorkerReady)
 from ..model.loader import load_model
 from .core import WorkerCore
@@ -63,12 +63,18 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
     deferred_aborts: set[str] = set()
     iterations = 0
     parent = os.getppid()
+    continuing = 0          # blocks that ended last iteration with more blocks to come
     while True:
         turn_start = time.perf_counter()
         idle = not core.has_work and not transfers.pending
         if idle and os.getppid() != parent:    # the front died without stopping us
             return
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
+        if continuing:
+            # Their re-prefills are routed by the front a round trip later; waiting that long (at
+            # most reprefill_wait_ms) lets them join this iteration instead of the next one.
+            msgs += _await_submits(inbox, continuing - sum(isinstance(m, SubmitBlock) for m in msgs),
+                                   config.reprefill_wait_ms / 1000)
         out: list = []
         receiving = {t.request_id for t in transfers.pending if not t.is_sender}
         for m in msgs:
@@ -108,13 +114,31 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
             if t.request_id in deferred_aborts:
                 deferred_aborts.discard(t.request_id)
                 core.abort(Abort(t.request_id))
+        continuing = 0
         if core.has_work:
             out += core.step()
             iterations += 1
+            continuing = sum(isinstance(m, BlockDone) and not m.is_final for m in out)
         if out or msgs:
             # The turn's time covers inbox, step and building the batch; the put is the last act.
             out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start))
             outbox.put(out)
+
+
+def _await_submits(inbox, expected: int, budget_s: float) -> list:
+    msgs: list = []
+    deadline = time.perf_counter() + budget_s
+    while expected > 0:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        try:
+            m = inbox.get(timeout=left)
+        except queue.Empty:
+            break
+        msgs.append(m)
+        expected -= isinstance(m, SubmitBlock)
+    return msgs
 
 
 def _drain(inbox, timeout: float) -> list:
