@@ -151,6 +151,37 @@ async def exp_d(base: ServerConfig, n: int, rates: dict):
     print(f"model FLOP/s achieved {model_flops / 1e9:.2f} GFLOP/s vs dense fp32 matmul at the model's shapes "
           f"{peak / 1e9:.2f} GFLOP/s (same thread count) = **{100 * model_flops / peak:.0f} %**")
     print(f"tokens per forward {r['tpf']:.2f}, output {r['tok_s']:.1f} tok/s")
+    profile_decode_step(base)
+
+
+def profile_decode_step(base: ServerConfig, batch: int = 32) -> None:
+    """Where a loaded decode iteration's time goes: torch profiler over the model forward of 32
+    dual-cache block steps (canvas 96 + 128), in this process with the worker's thread count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dllm_server import LLM
+    from dllm_server.worker.runner import ForwardItem, fed_range
+    torch.set_num_threads(base.threads_per_worker or 1)
+    llm = LLM(base.model, dtype=base.dtype)
+    core, a = llm.core, llm.args
+    items = []
+    for b in range(batch):
+        canvas = torch.full((224,), a.mask_id, dtype=torch.int64)
+        canvas[:96] = 65 + b % 26
+        alloc = core.pool.allocate(f"p{b}", 224)
+        lo, hi = fed_range("dual", False, 96, 128, 224, a.logit_shift)
+        core.runner.forward([ForwardItem(canvas, alloc, 0, 224, 96, 128)])
+        items.append(ForwardItem(canvas, alloc, lo, hi, 96, 128))
+    for _ in range(3):
+        core.runner.forward(items)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            core.runner.forward(items)
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    print(f"\nprofile of 5 decode iterations at batch {batch} (self CPU time by op):\n")
+    print("| op | share | calls |\n|---|---|---|")
+    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]:
+        print(f"| {e.key} | {100 * e.self_cpu_time_total / total:.1f} % | {e.count} |")
 
 
 async def main() -> None:
