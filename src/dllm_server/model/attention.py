@@ -97,8 +97,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
             keys, values = _read(kv.k, seq), _read(kv.v, seq)
         mask = None
         if batch.causal:
-            qpos = torch.arange(seq.pos_start, seq.pos_start + seq.q_len).unsqueeze(1)
-            mask = torch.arange(seq.kv_len).unsqueeze(0) <= qpos
+            qpos = torch.arange(seq.pos_start, seq.pos_start + seq.q_len, device=q.device).unsqueeze(1)
+            mask = torch.arange(seq.kv_len, device=q.device).unsqueeze(0) <= qpos
         o = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)
