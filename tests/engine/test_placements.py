@@ -27,6 +27,19 @@ def offline_tokens(tiny_llada):
     return [o.token_ids for o in llm.generate([p for p, _ in reqs], [s for _, s in reqs])]
 
 
+async def test_dream_disaggregated_matches_offline(tiny_dream):
+    """Dream's shifted logits survive a KV handoff (the decode window starts one position early)."""
+    from dllm_server.config import ServerConfig
+    reqs = mixed_requests(12)
+    offline = LLM(tiny_dream, block_length=8, dtype="float32").generate([p for p, _ in reqs], [s for _, s in reqs])
+    config = ServerConfig(model=tiny_dream, block_length=8, dtype="float32", threads_per_worker=1,
+                          placement="disaggregated")
+    async with running(config) as engine:
+        outs = await asyncio.gather(*[engine.run(p, s) for p, s in reqs])
+        assert engine.scheduler.counters.kv_transfer_bytes > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "hybrid"])
 async def test_placements_match_offline(engine_config, offline_tokens, placement):
     config = engine_config.replace(placement=placement, num_workers=2 if placement == "colocated" else 1,
