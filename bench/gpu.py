@@ -231,7 +231,7 @@ def main() -> int:
                          "step_vs_batch1": model_ms / (rows[0]["model_ms"] if rows else model_ms)})
         for i in range(n):
             pool.free(f"dec{i}")
-        print(md_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step incl. logits to host (ms)",
+        print(md_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step (ms)",
                         "model TFLOP/s", "output tok/s at 1 token/step"],
                        [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"], r["model_tflops"],
                          r["output_tok_s_at_1_per_step"]] for r in rows]))

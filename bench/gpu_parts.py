@@ -138,7 +138,7 @@ def time_ms(fn, device: torch.device, warmup: int, repeats: int) -> list[float]:
 
 class TimedModel:
     """Stands in for the model inside a ModelRunner: times just the model call, so one runner
-    call yields both the model time and the whole step (packing, logits to host)."""
+    call yields both the model time and the whole runner step (packing, block logits)."""
 
     def __init__(self, model, device: torch.device):
         self.model, self.clock, self.marks = model, Clock(device), []
@@ -201,8 +201,8 @@ def check_paged_vs_dense(model, args, device, dtype, sh: Shapes, tol: float, see
     out = {}
     for name, idx in (("contiguous", [0]), ("packed_with_gathered_pages", [0, 1])):
         try:
-            full = runner.forward([ForwardItem(canvases[i], allocs[i], 0, L, sh.prompt, L) for i in idx])
-            step = runner.forward([ForwardItem(canvases[i], allocs[i], a, b, s, e) for i in idx])
+            full = runner.forward([ForwardItem(canvases[i], allocs[i], 0, L, sh.prompt, L) for i in idx]).cpu()
+            step = runner.forward([ForwardItem(canvases[i], allocs[i], a, b, s, e) for i in idx]).cpu()
             out[name] = {"refresh": worst([compare(full[k], refs[i][sh.prompt:], tol) for k, i in enumerate(idx)]),
                          "dual_step_after_refresh": worst([compare(step[k], refs[i][s:e], tol)
                                                            for k, i in enumerate(idx)])}

@@ -13,13 +13,15 @@ import torch
 _MASK64 = (1 << 64) - 1
 
 
-def step_generator(seed: int, block_index: int, step: int) -> torch.Generator:
-    """A generator whose stream depends only on the request seed and the step's coordinates."""
+def step_generator(seed: int, block_index: int, step: int,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator whose stream depends only on the request seed and the step's coordinates
+    (and the device kind: CPU and CUDA streams differ)."""
     x = (seed * 0x9E3779B97F4A7C15 + block_index * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & _MASK64
     x ^= x >> 31
     x = (x * 0xD6E8FEB86659FD93) & _MASK64
     x ^= x >> 32
-    return torch.Generator().manual_seed(x & ((1 << 63) - 1))
+    return torch.Generator(device=device).manual_seed(x & ((1 << 63) - 1))
 
 
 def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -48,7 +50,7 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
     for b, temp in enumerate(temperature):
         if temp > 0:
             w = widths[b]
-            u = torch.rand((w, x.shape[-1]), generator=generators[b], dtype=torch.float64)
+            u = torch.rand((w, x.shape[-1]), generator=generators[b], dtype=torch.float64, device=x.device)
             gumbel = -torch.log(-torch.log(u))
             tempered = x[b, :w] / temp
             if top_p is not None and top_p[b] < 1.0:
@@ -71,7 +73,7 @@ def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Te
     ranked, _ = torch.sort(s, dim=-1, descending=True)
     num_masked = masked.sum(dim=-1)
     by_threshold = (ranked >= threshold.unsqueeze(-1)).sum(dim=-1)
-    n = torch.arange(1, s.shape[-1] + 1, dtype=torch.float64)
+    n = torch.arange(1, s.shape[-1] + 1, dtype=torch.float64, device=s.device)
     passes = ranked >= 1.0 - factor.unsqueeze(-1) / (n + 1)
     by_factor = passes.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
     count = torch.where(factor.isnan(), by_threshold, by_factor)
@@ -88,7 +90,7 @@ def select_commits(score: torch.Tensor, masked: torch.Tensor, count: torch.Tenso
     s = torch.where(masked, score, torch.full_like(score, float("-inf")))
     order = torch.sort(s, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(s.shape[-1]).expand_as(order).contiguous())
+    rank.scatter_(-1, order, torch.arange(s.shape[-1], device=s.device).expand_as(order).contiguous())
     return masked & (rank < count.unsqueeze(-1))
 
 
@@ -101,5 +103,5 @@ def random_scores(widths: list[int], generators: list[torch.Generator | None], k
     for b, flag in enumerate(use_random):
         if flag:
             w = widths[b]
-            score[b, :w] = torch.rand(w, generator=generators[b], dtype=torch.float64)
+            score[b, :w] = torch.rand(w, generator=generators[b], dtype=torch.float64, device=score.device)
     return score

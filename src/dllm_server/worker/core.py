@@ -219,26 +219,31 @@ class WorkerCore:
         return ForwardItem(t.canvas, t.alloc, a, b, t.start, t.end)
 
     def _commit(self, batch: list[BlockTask], logits: torch.Tensor, n_prefills: int) -> list:
+        """Sampling runs where the logits are (no [B, K, V] copy to the host); only the commit
+        mask and the proposals come back, in one transfer each."""
         mask_id = self.args.mask_id
+        dev = logits.device
         width = logits.shape[1]
         masked = torch.zeros(len(batch), width, dtype=torch.bool)
         for i, t in enumerate(batch):
             masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
+        masked = masked.to(dev)
         widths = [t.end - t.start for t in batch]
         needs_rng = [t.msg.params.temperature > 0 or t.msg.params.remasking == "random" for t in batch]
-        gens = [unmask.step_generator(t.msg.params.seed, t.msg.block_index, t.step) if r else None
+        gens = [unmask.step_generator(t.msg.params.seed, t.msg.block_index, t.step, dev) if r else None
                 for t, r in zip(batch, needs_rng)]
         tokens, conf = unmask.propose(logits, [t.msg.params.temperature for t in batch], gens, widths, mask_id,
                                       [t.msg.params.top_p for t in batch])
         score = unmask.random_scores(widths, gens, width, [t.msg.params.remasking == "random" for t in batch], conf)
         nan = float("nan")
-        threshold = torch.tensor([t.msg.params.threshold for t in batch], dtype=torch.float64)
+        threshold = torch.tensor([t.msg.params.threshold for t in batch], dtype=torch.float64, device=dev)
         factor = torch.tensor([nan if t.msg.params.factor is None else t.msg.params.factor for t in batch],
-                              dtype=torch.float64)
+                              dtype=torch.float64, device=dev)
         fixed = torch.tensor([-1 if t.schedule is None else t.schedule[min(t.step, len(t.schedule) - 1)]
-                              for t in batch], dtype=torch.int64)
+                              for t in batch], dtype=torch.int64, device=dev)
         count = unmask.commit_counts(score, masked, threshold, factor, fixed)
-        commit = unmask.select_commits(score, masked, count)
+        commit = unmask.select_commits(score, masked, count).cpu()
+        tokens = tokens.cpu()
 
         out: list = []
         for i, t in enumerate(batch):

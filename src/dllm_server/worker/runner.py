@@ -48,8 +48,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Logits [len(items), max_block_width, vocab_size] (float32, on the host for sampling);
-        rows past an item's block width are zeros."""
+        """Logits [len(items), max_block_width, vocab_size] (float32, on the model's device, where
+        sampling runs); rows past an item's block width are zeros."""
         shift = self.args.logit_shift
         ids, pos, rows, seqs = [], [], [], []
         q_start = 0
@@ -73,4 +73,4 @@ class ModelRunner:
             k = it.block_end - it.block_start
             out[b, :k] = logits[offset: offset + k]
             offset += k
-        return out.cpu()
+        return out
