@@ -25,6 +25,8 @@ class ServerConfig:
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)")
+    attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; not yet validated on a GPU)",
+                                choices=("sdpa", "flashinfer"))
     skip_tokenizer_init: bool = _f(False, "allow a checkpoint without tokenizer files (prompts as token ids)")
     # --- decoding (server-wide defaults; requests may override the sampling ones) ---
     block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")

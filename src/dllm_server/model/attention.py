@@ -87,10 +87,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
                    batch: AttentionBatch) -> torch.Tensor:
     """The paged SDPA backend: write each sequence's fresh K/V, attend over its whole canvas."""
     out = torch.empty_like(q)
+    write_fresh_kv(kv, batch, k, v)
     for seq in batch.seqs:
         rows = slice(seq.q_start, seq.q_start + seq.q_len)
-        _write(kv.k, seq, k[rows])
-        _write(kv.v, seq, v[rows])
         if seq.pos_start == 0 and seq.q_len == seq.kv_len:
             keys, values = k[rows], v[rows]          # full canvas fed: no need to read back
         else:
@@ -106,7 +105,22 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
     return out
 
 
-def select_backend(device: torch.device) -> AttentionFn:
-    """The attention implementation for a device. SDPA everywhere for now; the FlashInfer paged
-    backend for CUDA arrives with the GPU path (issue 8)."""
-    return sdpa_attention
+def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store every sequence's fed K/V in its cache slots (what each backend does first)."""
+    for seq in batch.seqs:
+        rows = slice(seq.q_start, seq.q_start + seq.q_len)
+        _write(kv.k, seq, k[rows])
+        _write(kv.v, seq, v[rows])
+
+
+def select_backend(name: str, device: torch.device, **shape) -> AttentionFn:
+    """`sdpa` (everywhere) or `flashinfer` (CUDA with flashinfer installed; opt-in until it has
+    been validated on a GPU, issue 8)."""
+    if name == "sdpa":
+        return sdpa_attention
+    if name == "flashinfer":
+        if device.type != "cuda":
+            raise ValueError("attention_backend: flashinfer needs a CUDA device")
+        from .flashinfer_backend import FlashInferAttention
+        return FlashInferAttention(device, **shape)
+    raise ValueError(f"attention_backend: unknown backend {name!r}")

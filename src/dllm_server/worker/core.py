@@ -71,7 +71,8 @@ class WorkerCore:
         self.args = args
         self.pool = KVPool(args.num_layers, num_pages, config.page_size, args.num_kv_heads,
                            args.head_dim, dtype, device)
-        self.runner = ModelRunner(model, args, self.pool, device, causal=config.causal)
+        self.runner = ModelRunner(model, args, self.pool, device, causal=config.causal,
+                                  attention_backend=config.attention_backend)
         self.tasks: dict[str, BlockTask] = {}
         self.waiting = _Waiting()
         self.ready: list[str] = []           # prefilled, waiting for a decode seat (arrival order)

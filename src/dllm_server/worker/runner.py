@@ -38,13 +38,15 @@ def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, can
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
-                 causal: bool = False):
+                 causal: bool = False, attention_backend: str = "sdpa"):
         self.model = model
         self.args = args
         self.pool = pool
         self.device = device
         self.causal = causal
-        self.attention = select_backend(device)
+        self.attention = select_backend(attention_backend, device, page_size=pool.page_size,
+                                        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                                        head_dim=args.head_dim, dtype=pool.layers[0].k.dtype)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:

@@ -1,0 +1,70 @@
+"""FlashInfer paged attention (CUDA only; opt-in with `--attention-backend flashinfer`).
+
+One non-causal `BatchPrefillWithPagedKVCacheWrapper` call per layer covers a whole packed
+iteration: ragged query lengths let prefills and block decodes share it. The plan is built once
+per forward (first layer) from the same SeqSpans the SDPA backend uses; fresh K/V are written
+into the pool first, exactly as in sdpa_attention. NOT YET RUN ON A GPU: validate with
+`python bench/gpu.py` (it compares FlashInfer with SDPA) before relying on it (issue 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionBatch, LayerKV, SeqSpan, write_fresh_kv
+
+
+@dataclass(frozen=True, slots=True)
+class PagedMetadata:
+    qo_indptr: list[int]        # query rows of sequence i: [qo_indptr[i], qo_indptr[i+1])
+    kv_indptr: list[int]        # its pages: page_ids[kv_indptr[i]: kv_indptr[i+1]]
+    page_ids: list[int]
+    last_page_len: list[int]    # tokens used in each sequence's last page
+
+
+def paged_metadata(seqs: list[SeqSpan], page_size: int) -> PagedMetadata:
+    """Pure: FlashInfer's paged-KV description of a packed batch (pages in canvas order)."""
+    qo, kv, pages, last = [0], [0], [], []
+    for s in seqs:
+        n = -(-s.kv_len // page_size)
+        if s.slot_ids is None:
+            first = s.slot_base // page_size
+            pages.extend(range(first, first + n))
+        else:
+            pages.extend((s.slot_ids[::page_size][:n] // page_size).tolist())
+        qo.append(qo[-1] + s.q_len)
+        kv.append(len(pages))
+        last.append(s.kv_len - (n - 1) * page_size)
+    return PagedMetadata(qo, kv, pages, last)
+
+
+class FlashInferAttention:
+    """Callable backend: (q, k, v, layer_kv, batch) -> out, like sdpa_attention."""
+
+    def __init__(self, device: torch.device, page_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, workspace_bytes: int = 256 * 2**20):
+        import flashinfer
+        self.device, self.page_size, self.dtype = device, page_size, dtype
+        self.shape = (num_heads, num_kv_heads, head_dim)
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self._planned_for: int | None = None
+
+    def _plan(self, batch: AttentionBatch) -> None:
+        m = paged_metadata(batch.seqs, self.page_size)
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.device)   # noqa: E731
+        h, hkv, d = self.shape
+        self.wrapper.plan(i32(m.qo_indptr), i32(m.kv_indptr), i32(m.page_ids), i32(m.last_page_len),
+                          h, hkv, d, self.page_size, causal=batch.causal, q_data_type=self.dtype,
+                          kv_data_type=self.dtype)
+        self._planned_for = id(batch)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
+                 batch: AttentionBatch) -> torch.Tensor:
+        if self._planned_for != id(batch):      # once per forward: every layer shares the plan
+            self._plan(batch)
+        write_fresh_kv(kv, batch, k, v)
+        _, hkv, d = self.shape
+        pages = (kv.k.view(-1, self.page_size, hkv, d), kv.v.view(-1, self.page_size, hkv, d))
+        return self.wrapper.run(q, pages)

@@ -1,0 +1,37 @@
+"""The FlashInfer plan's page tables, built from the same spans the SDPA backend reads (the
+kernel itself needs a GPU; bench/gpu.py compares it with SDPA there)."""
+import pytest
+import torch
+
+from dllm_server.model.attention import SeqSpan, select_backend
+from dllm_server.model.flashinfer_backend import paged_metadata
+from dllm_server.worker.kv_pool import KVPool
+
+
+def test_page_tables_follow_each_canvas_in_order():
+    pool = KVPool(1, 16, 4, 1, 2, torch.float32)
+    pool.allocate("a", 8), pool.allocate("b", 4), pool.free("a")      # fragment: pages 0,1 free
+    c = pool.allocate("c", 10)     # needs 3 pages: no run of 3 at the front -> contiguous 3..5
+    pool.allocate("fill", 40)      # take the rest except pages 0,1
+    pool.free("b")
+    d = pool.allocate("d", 11)     # pages 0,1,2: contiguous again
+    seqs = [SeqSpan(0, 5, 5, 10, c.slot_base, c.slot_ids), SeqSpan(5, 11, 0, 11, d.slot_base, d.slot_ids)]
+    m = paged_metadata(seqs, 4)
+    assert m.qo_indptr == [0, 5, 16]
+    assert m.kv_indptr == [0, 3, 6]
+    assert m.page_ids[:3] == c.pages and m.page_ids[3:] == d.pages
+    assert m.last_page_len == [2, 3]
+
+
+def test_gathered_pages_come_from_slot_ids():
+    slot_ids = torch.tensor([p * 4 + i for p in (7, 2, 9) for i in range(4)])[:10]
+    m = paged_metadata([SeqSpan(0, 2, 8, 10, -1, slot_ids)], 4)
+    assert m.page_ids == [7, 2, 9] and m.last_page_len == [2]
+
+
+def test_backend_selection():
+    assert select_backend("sdpa", torch.device("cpu")).__name__ == "sdpa_attention"
+    with pytest.raises(ValueError, match="attention_backend"):
+        select_backend("flashinfer", torch.device("cpu"))
+    with pytest.raises(ValueError, match="attention_backend"):
+        select_backend("magic", torch.device("cpu"))
