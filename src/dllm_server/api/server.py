@@ -50,6 +50,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+STATS_INTERVAL_S = 10.0
+
+
+def _log_stats(engine: AsyncEngine, interval_s: float, last_positions: int) -> int:
+    """One line of engine state while there is work (silent when idle)."""
+    sched = engine.scheduler
+    positions = sched.counters.canvas_positions
+    if sched.requests or positions != last_positions:
+        total = sum(w.num_pages for w in sched.workers)
+        used = sum(w.num_pages - w.report.free_pages for w in sched.workers if w.report)
+        log.info("running %d, waiting %d, %.0f positions/s through the model, KV pages %.1f%% used, "
+                 "workers up %d/%d", len(sched.requests) - sched.num_waiting, sched.num_waiting,
+                 (positions - last_positions) / interval_s, 100 * used / max(1, total),
+                 sum(w.ready and w.alive for w in sched.workers), len(sched.workers))
+    return positions
+
+
 def run_server(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = AsyncEngine(config)
@@ -66,11 +83,16 @@ def run_server(config: ServerConfig) -> int:
             server.should_exit = True
             return
         log.info("serving %s on http://%s:%d", model_name, config.host, config.port)
+        last_log, last_positions = time.monotonic(), 0
         while not server.should_exit:
             if engine.dead:      # restart disabled: exit non-zero so an orchestrator restarts us
                 log.error("engine is dead (%s); exiting", engine.dead)
                 exit_code["code"] = 1
                 server.should_exit = True
+            now = time.monotonic()
+            if now - last_log >= STATS_INTERVAL_S:
+                last_positions = _log_stats(engine, now - last_log, last_positions)
+                last_log = now
             await asyncio.sleep(0.2)
 
     @contextlib.asynccontextmanager
