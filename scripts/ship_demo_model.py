@@ -55,7 +55,8 @@ def main() -> None:
         outs = llm.chat([[{"role": "user", "content": p}] for p in PROMPTS],
                         SamplingParams(max_tokens=64, temperature=temp, seed=seed))
         for p, o in zip(PROMPTS, outs):
-            samples.append((temp, seed, p, o.text, o.finish_reason, o.tokens_per_forward))
+            samples.append((temp, seed, p, o.text, o.finish_reason, o.stats.num_forwards,
+                            o.stats.num_committed / max(1, o.stats.num_forwards)))
     params = sum(t.numel() for t in llm.core.runner.model.parameters())
     size_mb = (ASSET / "model.safetensors").stat().st_size / 2**20
     lines = [
@@ -90,14 +91,17 @@ def main() -> None:
         "",
         "## Samples (chat template, `max_tokens` 64, block 32, threshold 0.9)",
         "",
-        "| temperature, seed | prompt | reply | finish | tokens / forward |",
-        "|---|---|---|---|---|",
+        "| temperature, seed | prompt | reply | finish | forwards | positions committed / forward |",
+        "|---|---|---|---|---|---|",
     ]
-    for temp, seed, p, text, fin, tpf in samples:
+    for temp, seed, p, text, fin, fwd, cpf in samples:
         shown = text.replace("\n", " / ").replace("|", "\\|")
-        lines.append(f"| {temp}, {seed} | {p} | {shown} | {fin} | {tpf:.2f} |")
-    lines += ["", "Greedy decoding (temperature 0) of a model this small tends to repeat itself; sample with a "
-              "temperature around 0.7."]
+        lines.append(f"| {temp}, {seed} | {p} | {shown} | {fin} | {fwd} | {cpf:.2f} |")
+    lines += ["", "Replies are short: like LLaDA's SFT data, each training reply ends with `<|eot_id|>` and "
+              "`<|endoftext|>` padding, and this small model places the end of turn early. The whole block is "
+              "still denoised (the padding too), which is what the last column counts; the request ends as soon "
+              "as everything before the end of turn is committed. For longer text use `/v1/completions` with a "
+              "plain prompt, or `ignore_eos`."]
     (ASSET / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
