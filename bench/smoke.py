@@ -36,7 +36,7 @@ def main() -> int:
                                "--block-length", "8"], stdout=open(out / "server.log", "w"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while httpx.get(url + "/health", timeout=5).status_code != 200 if _up(url) else True:
+        while not _healthy(url):
             if server.poll() is not None or time.monotonic() - t0 > 120:
                 raise SystemExit(f"server did not come up; see {out / 'server.log'}")
             time.sleep(0.3)
@@ -59,10 +59,9 @@ def main() -> int:
     return 0
 
 
-def _up(url: str) -> bool:
+def _healthy(url: str) -> bool:
     try:
-        httpx.get(url + "/health", timeout=5)
-        return True
+        return httpx.get(url + "/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 

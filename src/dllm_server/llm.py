@@ -10,18 +10,18 @@ runs and assembles outputs with the same RequestState the server uses.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from .config import ServerConfig
-from .decoding.params import SamplingParams
+from .decoding.params import SamplingParams, request_seed
 from .engine.inputs import check_request, prompt_ids
 from .engine.output import advance
 from .engine.request_state import GenerationOutput, RequestState
 from .engine.tokenize import Tokenizer, stop_token_ids
 from .messages import Abort
+from .model.embedded import model_path
 from .model.loader import load_model, read_config
 from .worker.core import WorkerCore
 
@@ -32,21 +32,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def model_path(config: ServerConfig) -> Path:
-    if config.model is not None:
-        return Path(config.model)
-    from .model.embedded import embedded_model_path
-    return embedded_model_path()
-
-
-def request_seed(base_seed: int, arrival_seq: int) -> int:
-    return (base_seed * 1_000_003 + arrival_seq * 7_919 + 1) % (2**63)
-
-
 class LLM:
     def __init__(self, model: str | None = None, **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
-        self.path = model_path(self.config)
+        self.path = model_path(self.config.model)
         read_config(self.path)
         self.device = resolve_device(self.config.device)
         net, self.args, self.dtype = load_model(self.path, self.config.dtype, self.device)

@@ -142,6 +142,9 @@ class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):
     def model(self) -> str | None:
         return self.root.model
 
+    def ignored_fields(self) -> list[str]:
+        return self.root.ignored_fields()
+
 
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None

@@ -45,10 +45,10 @@ class Routes:
             req = model.model_validate_json(body)
         except ValidationError as exc:
             raise from_validation_error(exc)
-        ignored = req.ignored_fields() if hasattr(req, "ignored_fields") else []
+        ignored = req.ignored_fields()
         if ignored:
             log.info("ignoring unknown request fields: %s", ", ".join(ignored))
-        if getattr(req, "model", None) not in (None, self.model_name):
+        if req.model not in (None, self.model_name):
             raise APIError(404, f"The model `{req.model}` does not exist.", "model")
         return req
 

@@ -14,6 +14,11 @@ from ..config import REMASKING, ServerConfig
 MAX_SEED = 2**63 - 1
 
 
+def request_seed(base_seed: int, arrival_seq: int) -> int:
+    """The seed of a request that gave none: fixed at arrival, so batching never changes it."""
+    return (base_seed * 1_000_003 + arrival_seq * 7_919 + 1) % (2**63)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 128

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from ..config import ServerConfig
-from ..decoding.params import SamplingParams
+from ..decoding.params import SamplingParams, request_seed
+from ..model.embedded import model_path
 from ..model.loader import read_config
 from .inputs import check_request, prompt_ids
 from .placement import worker_roles
@@ -50,11 +51,9 @@ def _devices(config: ServerConfig, n: int) -> list[str]:
 
 class AsyncEngine:
     def __init__(self, config: ServerConfig):
-        from ..llm import model_path, request_seed
         self.config = config
-        self.path = model_path(config)
+        self.path = model_path(config.model)
         read_config(self.path)            # a clear error now, not a worker traceback later
-        self._seed_of = request_seed
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.scheduler: Scheduler | None = None
@@ -136,7 +135,7 @@ class AsyncEngine:
         else:
             text, ids = prompt_ids(prompt, self.tokenizer)
         seq = next(self._arrivals)
-        resolved = params.resolve(self.config, self._seed_of(self.config.seed, seq))
+        resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
         check_request(ids, resolved, self.model_args)
         state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, resolved,
                              self.model_args.mask_id, self.stop_ids, seq)

@@ -3,7 +3,6 @@ stats) and the assembly of its final output. Shared by the offline LLM and the s
 knows nothing of HTTP, queues or workers."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import torch
@@ -12,11 +11,6 @@ from ..decoding.canvas import answer_len, num_blocks
 from ..decoding.params import SamplingParams
 from ..decoding.stop import visible_len
 from ..messages import StepDelta, SubmitBlock
-
-
-class Status(enum.Enum):
-    RUNNING = "running"
-    FINISHED = "finished"
 
 
 @dataclass(slots=True)
@@ -62,7 +56,6 @@ class RequestState:
         self.canvas = torch.full((self.prompt_len + self.answer_len,), mask_id, dtype=torch.int64)
         self.canvas[: self.prompt_len] = torch.tensor(prompt_ids, dtype=torch.int64)
         self.block_index = 0
-        self.status = Status.RUNNING
         self.stats = GenerationStats()
         self.stop_ids_tensor = torch.tensor(stop_ids, dtype=torch.int64)
 
@@ -100,7 +93,6 @@ class RequestState:
     def finish(self, text: str, finish_reason: str | None = None, error: str | None = None,
                text_cut: bool = False) -> GenerationOutput:
         """Final output. `text_cut`: a stop string ended the text (finish_reason "stop")."""
-        self.status = Status.FINISHED
         p = self.params
         n = visible_len(self.answer, self.stop_ids_tensor, p.max_tokens, p.ignore_eos)
         token_ids = self.answer[:n].tolist()

@@ -11,6 +11,11 @@ ASSET = Path(__file__).resolve().parent.parent / "assets" / "demo-model"
 FALLBACK = Path.home() / ".cache" / "dllm-server" / "tiny-llada"
 
 
+def model_path(model: str | None) -> Path:
+    """The folder to serve: the one named, else the embedded demo model."""
+    return Path(model) if model is not None else embedded_model_path()
+
+
 def embedded_model_path() -> Path:
     if (ASSET / "config.json").is_file():
         return ASSET

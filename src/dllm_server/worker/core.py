@@ -49,10 +49,7 @@ class BlockTask:
 class IterationStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    num_prefills: int = 0
-    num_decodes: int = 0
     deficit_tokens: int = 0
-    memory_stalled: bool = False
     forward_s: float = 0.0
 
 
@@ -169,7 +166,6 @@ class WorkerCore:
         prefill_items = [self._item(t, is_prefill=True) for t in prefills]
         self.last.prefill_tokens = sum(t.canvas.numel() for t in prefills)
         self.last.decode_tokens = decode_tokens
-        self.last.num_prefills, self.last.num_decodes = len(prefills), len(decodes)
         batch = prefills + decodes
         self.last.forward_s = 0.0
         if not batch:
@@ -205,7 +201,6 @@ class WorkerCore:
                          max_active_decodes=self.config.max_active_decodes)
         self.deficit_tokens = decision.deficit_tokens
         self.last.deficit_tokens = decision.deficit_tokens
-        self.last.memory_stalled = decision.memory_stalled
         admitted = set(decision.admitted)
         self.waiting.heap = [e for e in ordered if e[2] not in admitted]
         heapq.heapify(self.waiting.heap)
