@@ -49,6 +49,8 @@ class BlockTask:
 class IterationStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    num_prefills: int = 0
+    num_decodes: int = 0
     deficit_tokens: int = 0
     forward_s: float = 0.0
 
@@ -166,6 +168,7 @@ class WorkerCore:
         prefill_items = [self._item(t, is_prefill=True) for t in prefills]
         self.last.prefill_tokens = sum(t.canvas.numel() for t in prefills)
         self.last.decode_tokens = decode_tokens
+        self.last.num_prefills, self.last.num_decodes = len(prefills), len(decodes)
         batch = prefills + decodes
         self.last.forward_s = 0.0
         if not batch:
