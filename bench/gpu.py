@@ -21,8 +21,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +30,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_flashinfer as FI  # noqa: E402
 import gpu_parts as P  # noqa: E402
+from gpu_capacity import capacity_comparison  # noqa: E402
 
 from dllm_server.config import ServerConfig  # noqa: E402
+from dllm_server.worker.cuda_graph import DecodeGraphs  # noqa: E402
 from dllm_server.worker.kv_pool import KVPool  # noqa: E402
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range  # noqa: E402
 
@@ -143,7 +144,7 @@ def main() -> int:
     page_size = ServerConfig().page_size
     margs = P.llada.args_from_config(cfg)   # the model's shape (no weights)
     if a.flashinfer_only:
-        r = P.flashinfer_check(margs, device, dtype, sh, page_size, max(sh.batches))
+        r = FI.flashinfer_check(cfg, margs, device, dtype, sh, page_size, max(sh.batches), a.seed)
         if device.type == "cuda":
             r["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         a.out.write_text(json.dumps(r, indent=2, default=str))
@@ -215,7 +216,14 @@ def main() -> int:
         n = max(sh.batches)
         canvases = [P.canvas(args, sh.prompt, sh.answer, sh.block, g) for _ in range(n)]
         allocs = [pool.allocate(f"dec{i}", L) for i in range(n)]
-        rows = []
+        for i in range(0, n, 8):     # a real cache to attend over (the graph check compares against it)
+            runner.forward([ForwardItem(canvases[j], allocs[j], 0, L, s, e) for j in range(i, min(n, i + 8))])
+        tm.take()
+        # The fixed-shape path a worker takes for decode-only iterations: CUDA graphs on a GPU
+        # (captured on first use of a shape), the same buffers run eagerly elsewhere.
+        graphs = DecodeGraphs(model, args, pool, device, max(sh.batches), capture=device.type == "cuda")
+        graph_runner = ModelRunner(model, args, pool, device, decode_graphs=graphs)
+        rows, graph_ok = [], True
         for batch in sh.batches:
             if b.left() < 0:
                 b.skip(f"decode: batches from {batch} on (time budget)")
@@ -223,18 +231,32 @@ def main() -> int:
             items = [ForwardItem(canvases[i], allocs[i], lo, hi, s, e) for i in range(batch)]
             step = P.median(P.time_ms(lambda: runner.forward(items), device, sh.warmup, sh.repeats))
             model_ms = P.median(tm.take()[sh.warmup:])
+            eager_logits = runner.forward(items).clone()
+            tm.take()
+            t = time.perf_counter()
+            graph_logits = graph_runner.forward(items, decode_only=True).clone()
+            P.sync(device)
+            first_s = time.perf_counter() - t              # includes the capture of this shape
+            graph_ms = P.median(P.time_ms(lambda: graph_runner.forward(items, decode_only=True), device,
+                                          sh.warmup, sh.repeats))
+            check = P.compare(graph_logits, eager_logits, tol)
+            graph_ok &= check["ok"]
             fed = batch * (hi - lo)
             flops = P.forward_flops(args, fed, batch * sh.block, fed * L)
             rows.append({"batch": batch, "fed_tokens": fed, "model_ms": model_ms, "step_ms": step,
+                         "graph_step_ms": graph_ms, "graph_first_call_s": first_s, "graph_vs_eager": check,
                          "model_tflops": flops / model_ms / 1e9, "flops": flops,
-                         "output_tok_s_at_1_per_step": batch / (step / 1e3),
+                         "output_tok_s_at_1_per_step": batch / (min(step, graph_ms) / 1e3),
                          "step_vs_batch1": model_ms / (rows[0]["model_ms"] if rows else model_ms)})
+        reserved = torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else None
         for i in range(n):
             pool.free(f"dec{i}")
         print(md_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step (ms)",
-                        "model TFLOP/s", "output tok/s at 1 token/step"],
-                       [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"], r["model_tflops"],
-                         r["output_tok_s_at_1_per_step"]] for r in rows]))
+                        "graph step (ms)", "graph first call (s)", "graph vs eager max rel", "model TFLOP/s",
+                        "output tok/s at 1 token/step"],
+                       [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"],
+                         r["graph_step_ms"], r["graph_first_call_s"], r["graph_vs_eager"]["max_rel"],
+                         r["model_tflops"], r["output_tok_s_at_1_per_step"]] for r in rows]))
         top = rows[-1]
         peak = peak_tflops()
         util = {"batch": top["batch"], "model_tflops": top["model_tflops"], "gemm_peak_tflops": peak,
@@ -247,7 +269,12 @@ def main() -> int:
         print(f"\nbatch {top['batch']}: model {top['model_tflops']:.3g} TFLOP/s = {frac} of the measured GEMM rate; "
               f"saturation: {sat['output_tok_s_at_1_per_step']:.0f} output tok/s at 1 token/step (batch {sat['batch']}, "
               f"runner step); multiply by tokens/step (threshold decoding commits >1)")
-        return {"canvas": L, "q_tokens": sh.block, "rows": rows, "utilisation": util, "saturation": sat}
+        print(f"fixed-shape decode path ({'CUDA graphs' if graphs.capture else 'eager, no capture'}): "
+              f"{len(graphs.shapes)} shapes, logits {'match' if graph_ok else 'DIFFER FROM'} the eager path"
+              + (f"; {reserved:.2f} GiB reserved by torch after the captures" if reserved is not None else ""))
+        return {"canvas": L, "q_tokens": sh.block, "rows": rows, "utilisation": util, "saturation": sat,
+                "graphs": {"captured": graphs.capture, "shapes": len(graphs.shapes), "ok": graph_ok,
+                           "reserved_gib_after": reserved}}
 
     def prefill():
         args, model = st["args"], st["model"]
@@ -277,19 +304,23 @@ def main() -> int:
                         for r in rows]))
         return {"batch": 1, "rows": rows}
 
-    def serving():
-        folder = Path(tempfile.mkdtemp(prefix="dllm-gpu-bench-"))
-        try:
+    def checkpoint() -> Path:
+        """The serving model, written once for the serving and capacity phases."""
+        if "ckpt" not in st:
+            st["folder"] = Path(tempfile.mkdtemp(prefix="dllm-gpu-bench-"))
             t = time.perf_counter()
-            ckpt = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, folder)
-            write_s = time.perf_counter() - t
-            r = P.serving_comparison(ckpt, margs, sh, device, str(dtype).removeprefix("torch."), b.left, a.seed)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        r.update({"checkpoint_write_s": write_s, "model": f"{a.serve_layers} layers of the benchmarked width "
+            st["ckpt"] = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, st["folder"])
+            st["checkpoint_write_s"] = time.perf_counter() - t
+        return st["ckpt"]
+
+    def serving():
+        # The closed batch sizes itself to the time left; keep ~2 minutes for the capacity search.
+        left = (lambda: b.left() - 120.0) if gpu else b.left
+        r = P.serving_comparison(checkpoint(), margs, sh, device, str(dtype).removeprefix("torch."), left, a.seed)
+        r.update({"checkpoint_write_s": st["checkpoint_write_s"], "model": f"{a.serve_layers} layers of the benchmarked width "
                   f"(d={cfg['d_model']}, vocab {cfg['vocab_size']}), not {cfg['n_layers']}",
-                  "method": "closed batch: every request submitted at t=0 (capacity at matched latency needs "
-                            "an arrival process: use loadgen against the server)"})
+                  "method": "closed batch: every request submitted at t=0, in-process (capacity at matched "
+                            "latency is the next phase)"})
         print(f"serving model: {r['model']}; {r['method']}")
         if "skipped" in r:
             b.skip(f"serving: {r['skipped']}")
@@ -305,42 +336,27 @@ def main() -> int:
               f"{r['mean_latency_ratio']:.2f}x")
         return r
 
-    def flashinfer():
-        """In a child process with a deadline: the first use may JIT-compile FlashInfer's kernels
-        (minutes), and a CUDA fault there must not poison this process."""
-        tmp = a.out.with_name(a.out.name + ".flashinfer.json")
-        tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--flashinfer-only", "--out", str(tmp),
-               "--device", str(device), "--seed", str(a.seed)]
-        cmd += (["--smoke"] if a.smoke else []) + (["--layers", str(a.layers)] if a.layers else [])
-        cmd += ["--dtype", str(dtype).removeprefix("torch.")]
-        limit = max(15.0, b.left())
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            log = proc.communicate(timeout=limit)[0]
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # its group: the child and any compiler it started
-            proc.communicate()
-            r = {"skipped": f"timed out after {limit:.0f} s (the first use JIT-compiles FlashInfer kernels; "
-                            "install the matching flashinfer-jit-cache / flashinfer-cubin, or rerun)"}
-        else:
-            if proc.returncode == 0 and tmp.is_file():
-                r = json.loads(tmp.read_text())
-            else:
-                r = {"error": f"child exited {proc.returncode}: {log[-1500:]}", "ok": False}
-        tmp.unlink(missing_ok=True)
+    def capacity():
+        work = st["folder"] / "capacity"
+        work.mkdir(exist_ok=True)
+        r = capacity_comparison(checkpoint(), margs, sh, str(device), str(dtype).removeprefix("torch."), b.left,
+                                a.seed, work)
+        print(f"serving model: {a.serve_layers} layers of the benchmarked width; {r['method']}")
         if "skipped" in r:
-            print(f"FlashInfer check skipped: {r['skipped']}")
-        elif "error" in r:
-            print(f"FlashInfer check FAILED: {r['error']}")
-        else:
-            d = r["decode_shape_one_layer"]
-            print(f"FlashInfer {r['version']} paged prefill (non-causal) vs SDPA: max abs err {r['max_abs_err']:.2e} "
-                  f"({'OK' if r['ok'] else 'FAIL'}, {r['gathered_seqs']} gathered-page sequences); one layer at batch "
-                  f"{d['batch']} x {d['q_len']} q / {d['kv_len']} kv: SDPA loop {d['sdpa_loop_ms']:.2f} ms, "
-                  f"FlashInfer {d['flashinfer_ms']:.2f} ms")
+            b.skip(f"capacity: {r['skipped']}")
+            return r
+        print(f"SLO: e2e latency <= {r['slo_e2e_ms']:.0f} ms (baseline unloaded latency "
+              f"{r['baseline_unloaded_latency_s']:.3f} s)\n")
+        print(md_table(["configuration", "capacity (req/s)", "first failing rate", "probes", "unloaded latency (s)"],
+                       [[k, v["capacity_req_s"], v["upper_req_s"], v["probes"], v["unloaded_latency_s"]]
+                        for k, v in r["runs"].items()]))
+        ratio = r["capacity_ratio"]
+        print(f"\ncapacity ratio default / batch-1 at matched latency: {'n/a' if ratio is None else f'{ratio:.2f}x'}")
         return r
+
+    def flashinfer():
+        limit = max(15.0, min(120.0, b.left() - st.get("reserve_s", 0.0)))
+        return FI.run_child(Path(__file__).resolve(), a.out, device, dtype, a.seed, a.smoke, a.layers, limit)
 
     gpu = device.type == "cuda"
     b.phase("model", build)
@@ -351,16 +367,22 @@ def main() -> int:
         b.phase("prefill", prefill, need_s=10 if gpu else 0)
         st.pop("pool", None), st.pop("model", None)
         P.free_device_memory(device)
-    if a.skip_serving:
-        b.skip("serving: --skip-serving")
-    else:
-        b.phase("serving", serving, need_s=60 if gpu else 0)
+    # FlashInfer before serving, bounded, so a first-use JIT compile cannot eat the serving phases.
+    st["reserve_s"] = 0.0 if a.skip_serving else (240.0 if gpu else 0.0)
     if a.skip_flashinfer:
         b.skip("flashinfer: --skip-flashinfer")
     else:
         b.phase("flashinfer", flashinfer, need_s=20 if gpu else 0)
+    if a.skip_serving:
+        b.skip("serving: --skip-serving")
+        b.skip("capacity: --skip-serving")
+    else:
+        b.phase("serving", serving, need_s=60 if gpu else 0)
+        b.phase("capacity", capacity, need_s=90 if gpu else 0)
+        shutil.rmtree(st.get("folder") or "/nonexistent", ignore_errors=True)
     ok = not b.res["errors"] and (b.res.get("correctness") or {}).get("ok", False) \
-        and (b.res.get("flashinfer") or {}).get("ok", True)
+        and (b.res.get("flashinfer") or {}).get("ok", True) \
+        and ((b.res.get("decode") or {}).get("graphs") or {}).get("ok", True)
     b.res["ok"] = ok
     b.save()
     print(f"\n{'OK' if ok else 'PROBLEMS (see errors / correctness in the JSON)'}: {b.res['elapsed_s']} s; "

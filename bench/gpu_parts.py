@@ -1,6 +1,6 @@
 """Helpers of bench/gpu.py: the random LLaDA-8B-shaped model, device timing, the correctness
-checks (paged SDPA vs dense, fresh-cache exactness, FlashInfer vs SDPA), GEMM rates, FLOP
-counts and the closed-batch serving comparison through the offline `LLM`."""
+checks (paged SDPA vs dense, fresh-cache exactness), GEMM rates, FLOP counts and the
+closed-batch serving comparison through the offline `LLM`. FlashInfer: gpu_flashinfer.py."""
 from __future__ import annotations
 
 import gc
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model import llada
-from dllm_server.model.attention import AttentionBatch, DenseBatch, SeqSpan, sdpa_attention
+from dllm_server.model.attention import DenseBatch
 from dllm_server.model.layers import Rotary
 from dllm_server.model.tiny import save_weights, write_tokenizer
 from dllm_server.worker.kv_pool import KVPool
@@ -48,11 +48,12 @@ class Shapes:
     serve_prompt: int
     serve_max_tokens: int
     serve_steps: int
+    capacity_prompts: int       # requests per rate probe of the capacity search
 
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-FULL = Shapes(512, 256, 32, BATCHES, (256, 512, 1024, 2048, 4096), (2048, 4096), 3, 10, 32, 512, 256, 64)
-SMOKE = Shapes(96, 64, 32, BATCHES, (64, 128, 256, 512), (256, 512), 1, 3, 4, 64, 64, 8)
+FULL = Shapes(512, 256, 32, BATCHES, (256, 512, 1024, 2048, 4096), (2048, 4096), 3, 10, 32, 512, 256, 64, 24)
+SMOKE = Shapes(96, 64, 32, BATCHES, (64, 128, 256, 512), (256, 512), 1, 3, 4, 64, 64, 8, 8)
 
 
 # ---- model ----
@@ -213,75 +214,6 @@ def check_paged_vs_dense(model, args, device, dtype, sh: Shapes, tol: float, see
     return out
 
 
-def flashinfer_check(args, device, dtype, sh: Shapes, page_size: int, batch: int) -> dict:
-    """FlashInfer's non-causal batch prefill over paged KV (our pool's pages, NHD layout) against
-    sdpa_attention on random q/k/v; then one layer's attention at the decode shape, both ways."""
-    if device.type != "cuda":
-        return {"skipped": f"no CUDA device (device={device.type})"}
-    try:
-        import flashinfer
-    except Exception as exc:
-        return {"skipped": f"flashinfer not importable: {type(exc).__name__}: {exc}"}
-    return flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh, page_size, batch)
-
-
-def flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh: Shapes, page_size: int, batch: int) -> dict:
-    H, Hkv, D = args.num_heads, args.num_kv_heads, args.head_dim
-    L = sh.prompt + sh.answer
-    spans = [(L, sh.prompt, sh.block), (L - 5, sh.prompt, sh.block), (129, 96, 32), (33, 0, 33)]  # kv, pos, q
-
-    def setup(specs, fragment: bool):
-        pages = sum(-(-kv // page_size) for kv, _, _ in specs) + fragment   # one spare page: the last
-        pool = KVPool(1, pages, page_size, Hkv, D, dtype, device)                # sequence gets gathered pages
-        if fragment:
-            pool.allocate("gap", page_size), pool.allocate("pin", page_size), pool.free("gap")
-        pool.layers[0].k.normal_(), pool.layers[0].v.normal_()
-        seqs, page_ids, indptr, last, q0 = [], [], [0], [], 0
-        for i, (kv, pos, qn) in enumerate(specs):
-            al = pool.allocate(f"s{i}", kv)
-            ids = None if al.slot_ids is None else al.slot_ids.to(device)
-            seqs.append(SeqSpan(q0, qn, pos, kv, al.slot_base, ids))
-            page_ids += al.pages
-            indptr.append(len(page_ids))
-            last.append(kv - (len(al.pages) - 1) * page_size)
-            q0 += qn
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
-        q = torch.randn(q0, H, D, dtype=dtype, device=device)
-        return pool, seqs, q, (i32([s.q_start for s in seqs] + [q0]), i32(indptr), i32(page_ids), i32(last))
-
-    def fed_kv(pool, seqs):   # the fed rows' K/V as stored, so sdpa_attention writing them back is a no-op
-        rows = torch.cat([torch.arange(s.pos_start, s.pos_start + s.q_len, device=device) + s.slot_base
-                          if s.slot_ids is None else s.slot_ids[s.pos_start: s.pos_start + s.q_len] for s in seqs])
-        return pool.layers[0].k[rows].clone(), pool.layers[0].v[rows].clone()
-
-    ws = torch.zeros(256 * 2**20, dtype=torch.uint8, device=device)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-
-    def fi_run(pool, q, meta):
-        wrapper.plan(*meta, H, Hkv, D, page_size, causal=False, q_data_type=dtype, kv_data_type=dtype)
-        k = pool.layers[0].k.view(-1, page_size, Hkv, D)
-        v = pool.layers[0].v.view(-1, page_size, Hkv, D)
-        return lambda: wrapper.run(q, (k, v))
-
-    out = {"version": getattr(flashinfer, "__version__", "?"), "page_size": page_size, "layout": "NHD"}
-    pool, seqs, q, meta = setup(spans, fragment=True)
-    k, v = fed_kv(pool, seqs)
-    ref = sdpa_attention(q, k, v, pool.layers[0], AttentionBatch(seqs)).float()
-    got = fi_run(pool, q, meta)().float()
-    err = (got - ref).abs().max().item()
-    out.update({"max_abs_err": err, "ref_abs_max": ref.abs().max().item(), "tol_abs": 2e-2, "ok": err <= 2e-2,
-                "spans_kv_pos_q": [list(s) for s in spans],
-                "gathered_seqs": sum(s.slot_ids is not None for s in seqs)})
-    pool, seqs, q, meta = setup([(L, sh.prompt, sh.block)] * batch, fragment=False)
-    k, v = fed_kv(pool, seqs)
-    run = fi_run(pool, q, meta)
-    sd = time_ms(lambda: sdpa_attention(q, k, v, pool.layers[0], AttentionBatch(seqs)), device, 3, 10)
-    fi = time_ms(run, device, 3, 10)
-    out["decode_shape_one_layer"] = {"batch": batch, "q_len": sh.block, "kv_len": L, "sdpa_loop_ms": median(sd),
-                                     "flashinfer_ms": median(fi)}
-    return out
-
-
 # ---- GEMM rate ----
 def gemm_rates(args, device, dtype, tokens: tuple[int, ...], warmup: int, repeats: int) -> list[dict]:
     d, mlp, kv = args.hidden, args.mlp_hidden, args.num_kv_heads * args.head_dim
@@ -298,7 +230,6 @@ def gemm_rates(args, device, dtype, tokens: tuple[int, ...], warmup: int, repeat
                     F.linear(x, w)
             ms = median(time_ms(run, device, warmup, repeats)) / inner
             rows.append({"name": name, "m": t, "k": k, "n": n, "ms": ms, "tflops": 2 * t * k * n / ms / 1e9})
-            del x, w
     return rows
 
 

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import sys
-import types
 import typing
 
 from .config import ServerConfig, config_fields

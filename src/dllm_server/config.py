@@ -27,6 +27,8 @@ class ServerConfig:
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)")
     attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; not yet validated on a GPU)",
                                 choices=("sdpa", "flashinfer"))
+    enforce_eager: bool = _f(False, "CUDA: run decode-only iterations eagerly instead of replaying CUDA graphs "
+                             "captured per (batch, block, key length) bucket")
     skip_tokenizer_init: bool = _f(False, "allow a checkpoint without tokenizer files (prompts as token ids)")
     # --- decoding (server-wide defaults; requests may override the sampling ones) ---
     block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")
@@ -45,6 +47,10 @@ class ServerConfig:
                         choices=("colocated", "disaggregated", "hybrid"))
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
+    kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver is picked at "
+                          "dispatch and each layer is sent as the prefill forward finishes it) or "
+                          "after_prefill (picked and sent once the prefill step is done)",
+                          choices=("layerwise", "after_prefill"))
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
     reprefill_wait_ms: float = _f(3.0, "after a block ends, how long a worker waits for its re-prefill to "
                                   "arrive so it joins the next iteration")
@@ -91,6 +97,8 @@ class ServerConfig:
             bad("num_workers", f"must be >= 1, got {self.num_workers}")
         if self.num_prefill_workers < 1:
             bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
+        if self.kv_transfer not in ("layerwise", "after_prefill"):
+            bad("kv_transfer", f"must be layerwise or after_prefill, got {self.kv_transfer!r}")
         if self.overflow_threshold_tokens < 0:
             bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
         if not 0 < self.port < 65536:

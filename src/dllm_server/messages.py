@@ -27,7 +27,9 @@ class SubmitBlock:
     stop_token_ids: tuple[int, ...]
     arrival_seq: int                  # request arrival order; re-prefills keep their request's
     step_offset: int = 0              # steps this block already took elsewhere (retry after a failed handoff)
-    handoff: bool = False             # prefill only: hold the KV for a transfer (PrefillDone), don't decode
+    handoff: bool = False             # prefill only: the block decodes elsewhere (PrefillDone), not here
+    stream_to: int | None = None      # handoff: send the KV to this decode worker layer by layer during
+                                      # the prefill forward (else it is held until HandoffKV)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +37,24 @@ class HandoffKV:
     """To a prefill worker: send the held KV of `request_id` to `dst_worker` (torch.distributed)."""
     request_id: str
     dst_worker: int
-    transfer_seq: int                 # global order of transfers (deadlock-free) and p2p tag
 
 
 @dataclass(frozen=True, slots=True)
 class ReceiveKV:
-    """To a decode worker: receive a block's KV from `src_worker` and decode it."""
-    block: SubmitBlock                # canvas as of the prefill's first commit; step_offset set
+    """To a decode worker, relayed from the sender's KVSent: post the receives of that group, in
+    its order. keep[i] False: the request has ended; receive and drop (the sender sends anyway)."""
     src_worker: int
-    transfer_seq: int
+    request_ids: tuple[str, ...]
+    block_indices: tuple[int, ...]
+    canvas_lens: tuple[int, ...]
+    keep: tuple[bool, ...]
+    tag_base: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstallKV:
+    """To a decode worker, after ReceiveKV: decode this block once its KV is in."""
+    block: SubmitBlock                # canvas as of the prefill's first commit; step_offset set
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +93,22 @@ class RequestFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class KVSent:
+    """A sender issued one group of KV sends to `dst_worker`: for each layer, for each request in
+    order, K then V (tag = tag_base + 2 * (layer * len(group) + i) + kv). Emitted before the data
+    flows, so the engine can relay it (ReceiveKV) and the receiver posts in the same order: NCCL
+    matches point-to-point operations per pair by order, gloo by tag."""
+    src_worker: int
+    dst_worker: int
+    request_ids: tuple[str, ...]
+    block_indices: tuple[int, ...]
+    canvas_lens: tuple[int, ...]
+    tag_base: int
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillDone:
-    """A handoff block finished its prefill; its KV is held until HandoffKV."""
+    """A handoff block finished its prefill step (its KV streams or waits for HandoffKV)."""
     request_id: str
     block_index: int
     num_steps: int
@@ -94,6 +119,7 @@ class HandoffDone:
     """Sent by both ends of a transfer. ok=False on the receiver means its pages were short
     (the data was drained); the engine then falls back to a re-prefill."""
     request_id: str
+    block_index: int
     worker_id: int
     is_sender: bool
     ok: bool

@@ -24,8 +24,16 @@ async def _quiesce(engine, timeout_s=20):
     raise AssertionError([(w.worker_id, w.report) for w in engine.scheduler.workers])
 
 
-async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_config):
-    config = engine_config.replace(num_workers=2, fail_every_n_forwards=23)
+@pytest.mark.parametrize("placement,kv_transfer", [("colocated", "layerwise"), ("disaggregated", "layerwise"),
+                                                   ("disaggregated", "after_prefill")])
+async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_config, placement, kv_transfer):
+    """In disaggregated placement the aborts and failures also land mid-handoff: on blocks whose
+    KV is streaming, held, received but not installed, or refused for want of pages (the decode
+    workers' pools are small)."""
+    config = engine_config.replace(num_workers=2, fail_every_n_forwards=23, placement=placement,
+                                   kv_transfer=kv_transfer)
+    if placement == "disaggregated":
+        config = config.replace(num_pages=12, page_size=8)
     rng = random.Random(3)
     async with running(config) as engine:
         async def one(i):
@@ -46,6 +54,10 @@ async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_con
         await _quiesce(engine)
         assert not engine.scheduler.requests and engine.scheduler.num_waiting == 0
         assert not engine.scheduler.pending and not engine.scheduler.decode_ready
+        assert all(w.reserved_pages == 0 for w in engine.scheduler.workers)
+        c = engine.scheduler.counters
+        if placement == "disaggregated":
+            assert c.kv_transfer_bytes > 0
 
 
 async def _consume(engine, state):

@@ -1,6 +1,5 @@
 """EOS / end-of-turn early stop: later blocks are never computed, and the visible text equals
 the ignore_eos run truncated at the stop token."""
-import torch
 
 from dllm_server import LLM, SamplingParams
 

@@ -29,9 +29,10 @@ def test_gathered_pages_come_from_slot_ids():
     assert m.page_ids == [7, 2, 9] and m.last_page_len == [2]
 
 
-def test_backend_selection():
+def test_backend_selection(caplog):
     assert select_backend("sdpa", torch.device("cpu")).__name__ == "sdpa_attention"
-    with pytest.raises(ValueError, match="attention_backend"):
-        select_backend("flashinfer", torch.device("cpu"))
+    # flashinfer where it cannot run (no CUDA here): SDPA, and the log says so
+    assert select_backend("flashinfer", torch.device("cpu")).__name__ == "sdpa_attention"
+    assert "using SDPA" in caplog.text
     with pytest.raises(ValueError, match="attention_backend"):
         select_backend("magic", torch.device("cpu"))

@@ -9,7 +9,6 @@ import itertools
 import logging
 import time
 import uuid
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 from ..config import ServerConfig

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..config import ServerConfig
-from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, LoadReport, PrefillDone, ReceiveKV,
-                        RequestFailed, StepDelta, SubmitBlock, WorkerFailed, WorkerReady)
+from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, InstallKV, KVSent, LoadReport, PrefillDone,
+                        ReceiveKV, StepDelta, SubmitBlock, WorkerFailed, WorkerReady)
 from .output import advance, canvas_text, visible_text
 from .placement import WorkerLoad, pick_decode_worker, pick_prefill_worker
 from .request_state import GenerationOutput, RequestState
@@ -42,12 +41,29 @@ class Entry:
     arrived_at: float
     stream_canvas: bool = False
     worker: int | None = None          # worker holding the current block
-    decode_worker: int | None = None   # receiver of an in-flight handoff
+    handoff: Handoff | None = None     # the current block's move to a decode worker
     charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
     started: bool = False              # first step seen (no longer waiting)
     first_token_at: float | None = None
     first_step_at: float | None = None
-    handoff_steps: int = 1             # steps the block took before its handoff
+
+    @property
+    def decode_worker(self) -> int | None:
+        return self.handoff.dst if self.handoff is not None else None
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A block's move from its prefill worker to a decode worker. It completes when both the
+    prefill step is done (PrefillDone: the canvas the decode continues from) and the receiver
+    has the KV (HandoffDone); with streaming either can come first."""
+    block_index: int
+    pages: int
+    dst: int | None = None             # None: no decode worker had room yet
+    reserved: bool = False             # `pages` counted in dst's reserved_pages
+    steps: int | None = None           # forwards the block took on the prefill worker
+    relayed: bool = False              # the sender's KVSent went to dst: it has posted its receives
+    kv_ok: bool | None = None          # receiver's verdict: in place / refused (drained)
 
 
 @dataclass(slots=True)
@@ -86,7 +102,6 @@ class Scheduler:
         self.num_waiting = 0
         self.counters = Counters()
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
-        self._transfer_seq = itertools.count()
         self.ready_event = asyncio.Event()
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
@@ -142,9 +157,14 @@ class Scheduler:
         role = self.workers[wid].role
         if role == "decode":
             self.counters.prefills_overflowed += 1
-        handoff = role == "prefill" and not allow_any_role
-        if handoff != msg.handoff:
-            msg = dataclasses.replace(msg, handoff=handoff)
+        entry.handoff = None
+        if role == "prefill" and not allow_any_role:
+            entry.handoff = Handoff(msg.block_index, self.pages_for(tokens))
+            if self.config.kv_transfer == "layerwise":    # pick the receiver now: stream during prefill
+                self._reserve_receiver(entry.handoff)
+        stream_to = entry.decode_worker
+        if entry.handoff is not None or msg.handoff or msg.stream_to is not None:
+            msg = dataclasses.replace(msg, handoff=entry.handoff is not None, stream_to=stream_to)
         entry.worker = wid
         entry.charged = (wid, tokens)
         self.workers[wid].outstanding_prefill_tokens += tokens
@@ -158,10 +178,8 @@ class Scheduler:
 
     def _finish(self, entry: Entry, output: GenerationOutput, abort_worker: bool) -> None:
         rid = entry.state.request_id
-        if abort_worker:
-            for wid in {entry.worker, entry.decode_worker} - {None}:
-                if self.workers[wid].alive:
-                    self.send(wid, Abort(rid))
+        if abort_worker and entry.worker is not None and self.workers[entry.worker].alive:
+            self.send(entry.worker, Abort(rid))
         self._release(entry)
         if not entry.started:
             self.num_waiting -= 1
@@ -171,9 +189,11 @@ class Scheduler:
 
     def _release(self, entry: Entry) -> None:
         self._uncharge(entry)
-        if entry.decode_worker is not None:
-            self.workers[entry.decode_worker].reserved_pages -= self.pages_for(entry.state.canvas.numel())
-            entry.decode_worker = None
+        h, entry.handoff = entry.handoff, None
+        if h is not None:
+            self._unreserve(h)
+            if h.dst is not None and h.relayed and h.kv_ok is not False and self.workers[h.dst].alive:
+                self.send(h.dst, Abort(entry.state.request_id))   # frees its pages once the data is in
 
     # ---- worker messages ----
     def on_messages(self, wid: int, batch: list) -> None:
@@ -192,6 +212,8 @@ class Scheduler:
                     self.startup_failed(f"worker {wid} failed to start:\n{msg.traceback}")
             elif isinstance(msg, HandoffDone):
                 self._on_handoff_done(msg)
+            elif isinstance(msg, KVSent):
+                self._relay(msg)
             else:
                 entry = self.requests.get(msg.request_id)
                 if entry is not None:
@@ -223,7 +245,7 @@ class Scheduler:
             if msg.positions and entry.first_token_at is None:
                 entry.first_token_at = time.monotonic()
         if isinstance(msg, PrefillDone):
-            self._handoff(entry, msg.num_steps)
+            self._on_prefill_done(entry, msg)
             return
         outcome = advance(st, msg, self.tokenizer)
         if isinstance(msg, StepDelta) and outcome.output is None:
@@ -239,46 +261,96 @@ class Scheduler:
             self._dispatch(entry, outcome.next_block)
 
     # ---- disaggregated handoff ----
-    def _handoff(self, entry: Entry, steps_done: int) -> None:
-        st = entry.state
-        entry.handoff_steps = steps_done
-        pages = self.pages_for(st.canvas.numel())
-        dst = pick_decode_worker(self.loads(), pages)
-        if dst is None:
-            entry.decode_worker = None
-            self.decode_ready.append(st.request_id)
+    def _reserve_receiver(self, h: Handoff) -> None:
+        h.dst = pick_decode_worker(self.loads(), h.pages)
+        if h.dst is not None:
+            self.workers[h.dst].reserved_pages += h.pages
+            h.reserved = True
+
+    def _unreserve(self, h: Handoff) -> None:
+        if h.reserved:
+            self.workers[h.dst].reserved_pages -= h.pages
+            h.reserved = False
+
+    def _current(self, request_id: str, block_index: int) -> tuple[Entry | None, Handoff | None]:
+        entry = self.requests.get(request_id)
+        h = entry.handoff if entry is not None else None
+        return entry, h if h is not None and h.block_index == block_index else None
+
+    def _on_prefill_done(self, entry: Entry, msg: PrefillDone) -> None:
+        h = entry.handoff
+        if h is None or h.block_index != msg.block_index:
             return
-        seq = next(self._transfer_seq)
-        self.workers[dst].reserved_pages += pages
-        entry.decode_worker = dst
-        block = dataclasses.replace(st.submit_msg(), step_offset=steps_done)
-        self.send(dst, ReceiveKV(block, entry.worker, seq))
-        self.send(entry.worker, HandoffKV(st.request_id, dst, seq))
+        h.steps = msg.num_steps
+        if h.dst is None:                       # held on the prefill worker until a receiver has room
+            self._send_held(entry)
+        elif h.kv_ok is False:
+            self._fall_back(entry)
+        elif h.relayed:
+            self._install(entry)
+
+    def _send_held(self, entry: Entry) -> None:
+        h = entry.handoff
+        self._reserve_receiver(h)
+        if h.dst is None:
+            self.decode_ready.append(entry.state.request_id)
+            return
+        self.send(entry.worker, HandoffKV(entry.state.request_id, h.dst))
+
+    def _relay(self, msg: KVSent) -> None:
+        """The sender's group, in its order, to the receiver; ended requests are drained there."""
+        keep = []
+        for rid, block in zip(msg.request_ids, msg.block_indices):
+            _, h = self._current(rid, block)
+            keep.append(h is not None and h.dst == msg.dst_worker)
+        if self.workers[msg.dst_worker].alive:
+            self.send(msg.dst_worker, ReceiveKV(msg.src_worker, msg.request_ids, msg.block_indices,
+                                                msg.canvas_lens, tuple(keep), msg.tag_base))
+        for rid, block, kept in zip(msg.request_ids, msg.block_indices, keep):
+            entry, h = self._current(rid, block)
+            if kept:
+                h.relayed = True
+                if h.steps is not None:
+                    self._install(entry)
+
+    def _install(self, entry: Entry) -> None:
+        h = entry.handoff
+        self.send(h.dst, InstallKV(dataclasses.replace(entry.state.submit_msg(), step_offset=h.steps)))
+        if h.kv_ok:
+            self._complete(entry)
+
+    def _complete(self, entry: Entry) -> None:
+        entry.worker, entry.handoff = entry.handoff.dst, None
 
     def _on_handoff_done(self, msg: HandoffDone) -> None:
-        entry = self.requests.get(msg.request_id)
         if msg.is_sender:
             self.counters.kv_transfer_bytes += msg.num_bytes
             self.counters.kv_transfer_seconds += msg.seconds
             return
-        if entry is None:
+        entry, h = self._current(msg.request_id, msg.block_index)
+        if h is None or h.dst != msg.worker_id:
             return
-        if entry.decode_worker is not None:
-            self.workers[entry.decode_worker].reserved_pages -= self.pages_for(entry.state.canvas.numel())
-        dst, entry.decode_worker = entry.decode_worker, None
-        if msg.ok:
-            entry.worker = dst
-            return
-        self.counters.kv_transfers_failed += 1
-        entry.worker = None
-        retry = dataclasses.replace(entry.state.submit_msg(), step_offset=entry.handoff_steps)
+        self._unreserve(h)                      # its load reports count the pages from now on
+        h.kv_ok = msg.ok
+        if not msg.ok:
+            self.counters.kv_transfers_failed += 1
+            if h.steps is not None:
+                self._fall_back(entry)
+        elif h.steps is not None:
+            self._complete(entry)
+
+    def _fall_back(self, entry: Entry) -> None:
+        """The receiver refused (pages short): re-prefill the block anywhere, decoding it there."""
+        steps = entry.handoff.steps
+        entry.handoff, entry.worker = None, None
+        retry = dataclasses.replace(entry.state.submit_msg(), step_offset=steps, handoff=False, stream_to=None)
         self._dispatch(entry, retry, allow_any_role=True)
 
     def _retry_waiting(self) -> None:
         for _ in range(len(self.decode_ready)):
             entry = self.requests.get(self.decode_ready.popleft())
-            if entry is not None:
-                self._handoff(entry, entry.handoff_steps)
+            if entry is not None and entry.handoff is not None and entry.handoff.dst is None:
+                self._send_held(entry)
         for _ in range(len(self.pending)):
             entry = self.requests.get(self.pending.popleft())
             if entry is not None:
@@ -296,6 +368,6 @@ class Scheduler:
             if {entry.worker, entry.decode_worker} & lost:
                 entry.charged = None if entry.charged and entry.charged[0] in lost else entry.charged
                 if entry.decode_worker in lost:
-                    entry.decode_worker = None
+                    entry.handoff = None
                 self._finish(entry, entry.state.finish(visible_text(entry.state, self.tokenizer),
                                                        finish_reason="error", error=reason), abort_worker=True)

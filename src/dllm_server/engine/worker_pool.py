@@ -65,8 +65,10 @@ class WorkerPool:
 
     def _start(self, wid: int, port: int) -> None:
         self._generation += 1
+        peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
+        peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid], self.threads, self.model_path,
-                          len(self.roles) if self.uses_process_group else 1, port)
+                          len(self.roles) if self.uses_process_group else 1, port, peers)
         inbox, outbox = self.ctx.Queue(), self.ctx.Queue()
         proc = self.ctx.Process(target=worker_main, args=(spec, self.config, inbox, outbox),
                                 name=f"dllm-worker-{wid}", daemon=True)

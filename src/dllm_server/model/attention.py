@@ -6,15 +6,19 @@ the queries attend over the sequence's whole canvas [0, kv_len). That one rule c
 (re-)prefill (range = whole canvas), the dual-cache block step (range = block), the prefix-cache
 step (range = block + suffix) and the no-cache reference (range = whole canvas every step).
 
-Backends: SDPA (CPU and GPU fallback) here; FlashInfer comes with the GPU path.
+Backends: paged SDPA (CPU and GPU fallback) and the padded decode-only form (CUDA graphs) here;
+FlashInfer in flashinfer_backend.py.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class AttentionBatch:
     seqs: list[SeqSpan]
     causal: bool = False   # test-only oracle: query at p sees keys <= p
     backend: AttentionFn | None = None
+    layer_done: Callable[[LayerKV], None] | None = None   # after each layer (streamed KV sends)
 
 
 @dataclass(slots=True)
@@ -46,6 +51,18 @@ class DenseBatch:
     reference forwards). One batched SDPA call instead of a loop over sequences."""
     num_seqs: int
     causal: bool = False
+
+
+@dataclass(slots=True)
+class PaddedBatch:
+    """Decode-only, fixed-shape: `num_seqs` sequences each feeding `q_len` tokens, keys padded to
+    one length. Only tensors, no per-sequence host control flow, so the forward can be captured
+    as a CUDA graph and replayed with new contents (worker/cuda_graph.py)."""
+    num_seqs: int
+    q_len: int
+    write_slots: torch.Tensor   # int64 [num_seqs * q_len]: cache slot of every fed token
+    kv_slots: torch.Tensor      # int64 [num_seqs, K]: cache slot of every key (padding: a scratch slot)
+    kv_valid: torch.Tensor      # bool [num_seqs, K]
 
 
 @dataclass(slots=True)
@@ -75,12 +92,29 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: De
     return o.transpose(1, 2).reshape(q.shape)
 
 
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
+                     batch: PaddedBatch) -> torch.Tensor:
+    """One batched SDPA call over keys gathered to a common length (invalid ones masked)."""
+    b, w = batch.num_seqs, batch.q_len
+    kv.k.index_copy_(0, batch.write_slots, k)
+    kv.v.index_copy_(0, batch.write_slots, v)
+    keys, values = kv.k[batch.kv_slots].transpose(1, 2), kv.v[batch.kv_slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.view(b, w, *q.shape[1:]).transpose(1, 2), keys, values,
+                                       attn_mask=batch.kv_valid[:, None, None, :], enable_gqa=True)
+    return o.transpose(1, 2).reshape(q.shape)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None,
-           batch: AttentionBatch | DenseBatch) -> torch.Tensor:
+           batch: AttentionBatch | DenseBatch | PaddedBatch) -> torch.Tensor:
     """What every layer calls: q [T, H, D], k/v [T, Hkv, D] for the packed fed tokens -> [T, H, D]."""
     if isinstance(batch, DenseBatch):
         return dense_attention(q, k, v, batch)
-    return (batch.backend or sdpa_attention)(q, k, v, kv, batch)
+    if isinstance(batch, PaddedBatch):
+        return padded_attention(q, k, v, kv, batch)
+    out = (batch.backend or sdpa_attention)(q, k, v, kv, batch)
+    if batch.layer_done is not None:
+        batch.layer_done(kv)
+    return out
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
@@ -115,12 +149,18 @@ def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch
 
 def select_backend(name: str, device: torch.device, **shape) -> AttentionFn:
     """`sdpa` (everywhere) or `flashinfer` (CUDA with flashinfer installed; opt-in until it has
-    been validated on a GPU, issue 8)."""
+    been validated on a GPU, issue 8). Without CUDA or without the package, flashinfer falls
+    back to SDPA with a warning, so one configuration runs everywhere."""
     if name == "sdpa":
         return sdpa_attention
-    if name == "flashinfer":
-        if device.type != "cuda":
-            raise ValueError("attention_backend: flashinfer needs a CUDA device")
+    if name != "flashinfer":
+        raise ValueError(f"attention_backend: unknown backend {name!r}")
+    if device.type != "cuda":
+        log.warning("attention_backend flashinfer needs a CUDA device; using SDPA on %s", device)
+        return sdpa_attention
+    try:
         from .flashinfer_backend import FlashInferAttention
         return FlashInferAttention(device, **shape)
-    raise ValueError(f"attention_backend: unknown backend {name!r}")
+    except ImportError as exc:
+        log.warning("attention_backend flashinfer: %s; using SDPA (pip install flashinfer-python)", exc)
+        return sdpa_attention

@@ -49,7 +49,7 @@ class FlashInferAttention:
         self.shape = (num_heads, num_kv_heads, head_dim)
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
-        self._planned_for: int | None = None
+        self._planned: AttentionBatch | None = None   # held, not its id(): ids of dead objects recur
 
     def _plan(self, batch: AttentionBatch) -> None:
         m = paged_metadata(batch.seqs, self.page_size)
@@ -58,11 +58,11 @@ class FlashInferAttention:
         self.wrapper.plan(i32(m.qo_indptr), i32(m.kv_indptr), i32(m.page_ids), i32(m.last_page_len),
                           h, hkv, d, self.page_size, causal=batch.causal, q_data_type=self.dtype,
                           kv_data_type=self.dtype)
-        self._planned_for = id(batch)
+        self._planned = batch
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
                  batch: AttentionBatch) -> torch.Tensor:
-        if self._planned_for != id(batch):      # once per forward: every layer shares the plan
+        if self._planned is not batch:      # once per forward: every layer shares the plan
             self._plan(batch)
         write_fresh_kv(kv, batch, k, v)
         _, hkv, d = self.shape

@@ -12,6 +12,7 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -19,10 +20,12 @@ from ..config import ServerConfig
 from ..decoding import unmask
 from ..decoding.canvas import num_blocks, steps_per_block, transfer_counts
 from ..decoding.stop import is_final
-from ..messages import Abort, BlockDone, LoadReport, PrefillDone, RequestFailed, StepDelta, SubmitBlock
+from ..messages import Abort, BlockDone, KVSent, LoadReport, PrefillDone, RequestFailed, StepDelta, SubmitBlock
 from ..model.args import ModelArgs
 from .admission import PrefillCandidate, admit, seat_decodes
+from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool, PageAlloc
+from .kv_transfer import KVSender, SendItem, receiving_owner
 from .runner import ForwardItem, ModelRunner, fed_range
 
 log = logging.getLogger(__name__)
@@ -70,8 +73,11 @@ class WorkerCore:
         self.args = args
         self.pool = KVPool(args.num_layers, num_pages, config.page_size, args.num_kv_heads,
                            args.head_dim, dtype, device)
+        graphs = None
+        if device.type == "cuda" and not config.enforce_eager and not config.causal:
+            graphs = DecodeGraphs(model, args, self.pool, device, config.max_active_decodes, capture=True)
         self.runner = ModelRunner(model, args, self.pool, device, causal=config.causal,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend, decode_graphs=graphs)
         self.tasks: dict[str, BlockTask] = {}
         self.waiting = _Waiting()
         self.ready: list[str] = []           # prefilled, waiting for a decode seat (arrival order)
@@ -79,6 +85,10 @@ class WorkerCore:
         self.deficit_tokens = 0
         self.last = IterationStats()
         self.num_forwards = 0
+        # Set by a worker process in a torch.distributed group: the KV sender, and how to put
+        # messages out at once (a streamed group's KVSent must leave before its data flows).
+        self.sender: KVSender | None = None
+        self.emit: Callable[[list], None] | None = None
 
     # ---- intake ----
     def submit(self, msg: SubmitBlock) -> list:
@@ -105,29 +115,32 @@ class WorkerCore:
                          torch.tensor(msg.stop_token_ids, dtype=torch.int64), schedule, step=msg.step_offset)
 
     # ---- KV handoff (disaggregated placement) ----
-    def held_alloc(self, request_id: str) -> tuple[PageAlloc, int] | None:
-        """Pages and canvas length of a block held after its handoff prefill."""
+    def send_held(self, request_id: str, dst: int) -> list[KVSent] | None:
+        """HandoffKV: send a block held after its handoff prefill; None if none is held."""
         t = self.tasks.get(request_id)
-        if t is None or t.alloc is None:
+        if t is None or t.alloc is None or self.sender is None:
             return None
-        return t.alloc, t.canvas.numel()
+        del self.tasks[request_id]
+        return self.sender.send_now([SendItem(request_id, t.msg.block_index, t.alloc, t.canvas.numel(), dst)])
 
-    def reserve_received(self, block: SubmitBlock) -> PageAlloc | None:
+    def reserve_received(self, request_id: str, block_index: int, length: int) -> PageAlloc | None:
         """Pages for a block whose KV is about to arrive; None when they are short (refuse)."""
-        if block.request_id in self.tasks or not self.pool.can_allocate(block.canvas.numel()):
+        if not self.pool.can_allocate(length):
             return None
-        task = self._task(block)
-        task.alloc = self.pool.allocate(block.request_id, block.canvas.numel())
-        self.tasks[block.request_id] = task
-        return task.alloc
+        return self.pool.allocate(receiving_owner(request_id, block_index), length)
 
-    def pool_alloc(self, request_id: str) -> PageAlloc:
-        return self.tasks[request_id].alloc
-
-    def install_received(self, request_id: str) -> None:
+    def install_received(self, block: SubmitBlock) -> bool:
         """The KV is in place: the block waits for a decode seat like a local prefill."""
-        if request_id in self.tasks:
-            self.ready.append(request_id)
+        if block.request_id in self.tasks:
+            return False
+        alloc = self.pool.rename(receiving_owner(block.request_id, block.block_index), block.request_id)
+        if alloc is None:
+            return False
+        task = self._task(block)
+        task.alloc = alloc
+        self.tasks[block.request_id] = task
+        self.ready.append(block.request_id)
+        return True
 
     def abort(self, msg: Abort) -> None:
         task = self.tasks.pop(msg.request_id, None)
@@ -173,13 +186,19 @@ class WorkerCore:
         self.last.forward_s = 0.0
         if not batch:
             return []
+        streamed = [SendItem(t.request_id, t.msg.block_index, t.alloc, t.canvas.numel(), t.msg.stream_to)
+                    for t in prefills if t.msg.stream_to is not None and self.sender is not None]
+        if streamed:
+            self.emit(self.sender.open(streamed))
         try:
             self.num_forwards += 1
             n = self.config.fail_every_n_forwards
             if n and self.num_forwards % n == 0:
                 raise RuntimeError("injected failure (fail_every_n_forwards)")
             t0 = time.perf_counter()
-            logits = self.runner.forward(prefill_items + decode_items)
+            logits = self.runner.forward(prefill_items + decode_items,
+                                         layer_done=self.sender.layer_done if streamed else None,
+                                         decode_only=not prefills)
             self.last.forward_s = time.perf_counter() - t0
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
@@ -188,6 +207,9 @@ class WorkerCore:
                 self.abort(Abort(t.request_id))
                 out.append(RequestFailed(t.request_id, f"forward failed: {exc}"))
             return out
+        finally:
+            if streamed:
+                self.sender.close()     # a failed forward still completes the receiver's receives
         return self._commit(batch, logits, n_prefills=len(prefills))
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
@@ -259,7 +281,9 @@ class WorkerCore:
                 out.append(BlockDone(t.request_id, t.msg.block_index, t.step, final))
                 self._retire(t, was_prefill=i < n_prefills)
             elif i < n_prefills and t.msg.handoff:
-                out.append(PrefillDone(t.request_id, t.msg.block_index, t.step))   # KV held for HandoffKV
+                out.append(PrefillDone(t.request_id, t.msg.block_index, t.step))
+                if t.msg.stream_to is not None and self.sender is not None:
+                    del self.tasks[t.request_id]       # its KV is on the way; pages go with the send
             elif i < n_prefills:
                 self.ready.append(t.request_id)
         return out

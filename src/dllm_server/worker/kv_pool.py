@@ -26,7 +26,10 @@ class KVPool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
-        slots = num_pages * page_size
+        # One page past the allocatable ones: a scratch page that fixed-shape (CUDA graph) decode
+        # batches point their padding at. Never allocated, never read as real data.
+        self.scratch_page = num_pages
+        slots = (num_pages + 1) * page_size
         self.layers = [LayerKV(torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device),
                                torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device))
                        for _ in range(num_layers)]
@@ -67,6 +70,16 @@ class KVPool:
         for p in alloc.pages:
             self._is_free[p] = True
         self.num_free_pages += len(alloc.pages)
+
+    def rename(self, owner: str, new_owner: str) -> PageAlloc | None:
+        """Hand an allocation to a new owner key (e.g. to an in-flight send, so the request's
+        next block can allocate under its own id meanwhile). None when `owner` holds nothing."""
+        if new_owner in self._owner:
+            raise RuntimeError(f"KV pages already allocated for {new_owner}")
+        alloc = self._owner.pop(owner, None)
+        if alloc is not None:
+            self._owner[new_owner] = alloc
+        return alloc
 
     def owners(self) -> list[str]:
         return list(self._owner)

@@ -14,11 +14,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import ServerConfig
-from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, ReceiveKV, RequestFailed, Shutdown, SubmitBlock,
-                        WorkerFailed, WorkerReady)
+from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, InstallKV, ReceiveKV, RequestFailed, Shutdown,
+                        SubmitBlock, WorkerFailed, WorkerReady)
 from ..model.loader import load_model
 from .core import WorkerCore
-from .kv_transfer import TransferTable, gather_kv, kv_shape, scatter_kv
+from .kv_transfer import KVSender, Transfer, Waiter, connect_peers, install_staging, post_receives, receiving_owner, \
+    sending_owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class WorkerSpec:
     model_path: str
     world_size: int           # > 1: join a torch.distributed group for KV transfer
     dist_port: int
+    kv_peers: tuple[int, ...] = ()   # workers this one sends KV to or receives KV from
 
 
 def worker_main(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
@@ -54,19 +56,22 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
         torch.cuda.set_device(device)
     model, args, dtype = load_model(spec.model_path, config.dtype, device)
     core = WorkerCore(config, model, args, dtype, device, config.pages_per_worker)
+    waiter = Waiter(device)
     if spec.world_size > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{spec.dist_port}",
                                 rank=spec.worker_id, world_size=spec.world_size)
+        connect_peers(spec.worker_id, list(spec.kv_peers), device)
+        core.sender = KVSender(spec.worker_id, core.pool, waiter)
+        core.emit = outbox.put
     outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, args, os.getpid())])
-    transfers = TransferTable()
-    deferred_aborts: set[str] = set()
+    incoming = _Incoming(core)
     iterations = 0
     parent = os.getppid()
     continuing = 0          # blocks that ended last iteration with more blocks to come
     while True:
         turn_start = time.perf_counter()
-        idle = not core.has_work and not transfers.pending
+        idle = not core.has_work and not waiter.pending
         if idle and os.getppid() != parent:    # the front died without stopping us
             return
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
@@ -76,44 +81,33 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
             msgs += _await_submits(inbox, continuing - sum(isinstance(m, SubmitBlock) for m in msgs),
                                    config.reprefill_wait_ms / 1000)
         out: list = []
-        receiving = {t.request_id for t in transfers.pending if not t.is_sender}
         for m in msgs:
             if isinstance(m, SubmitBlock):
                 out += core.submit(m)
             elif isinstance(m, Abort):
-                if m.request_id in receiving:
-                    deferred_aborts.add(m.request_id)      # pages stay until the peer is done
-                else:
-                    core.abort(m)
+                core.abort(m)
+                incoming.abort(m.request_id)
             elif isinstance(m, HandoffKV):
-                held = core.held_alloc(m.request_id)
-                if held is None:   # never expected: the engine hands off only held blocks
+                sent = core.send_held(m.request_id, m.dst_worker)
+                if sent is None:   # never expected: the engine hands off only held blocks
                     out.append(RequestFailed(m.request_id, "handoff of a block this worker does not hold"))
-                    continue
-                # Send a copy: the pages go back to the pool now, so the next block of this
-                # request can come back here before the send has finished.
-                data = gather_kv(core.pool, *held)
-                core.abort(Abort(m.request_id))
-                transfers.send(m.request_id, data, m.dst_worker, m.transfer_seq)
+                else:
+                    outbox.put(sent)            # before the data: the receiver posts in this order
             elif isinstance(m, ReceiveKV):
-                alloc = core.reserve_received(m.block)
-                transfers.receive(m.block.request_id, kv_shape(core.pool, m.block.canvas.numel()), dtype,
-                                  device, m.src_worker, m.transfer_seq, ok=alloc is not None)
-                receiving.add(m.block.request_id)
+                incoming.post(m, waiter)
+            elif isinstance(m, InstallKV):
+                incoming.install(m.block)
             elif isinstance(m, Shutdown):
                 return
-        for t in transfers.completed():
-            seconds = time.perf_counter() - t.started_at
+        for t in waiter.completed():
             if t.error is not None:
                 raise RuntimeError(f"KV transfer with worker {t.peer} failed: {t.error}")
-            if not t.is_sender and t.ok:
-                scatter_kv(core.pool, core.pool_alloc(t.request_id), t.buffer)
-                core.install_received(t.request_id)
-            out.append(HandoffDone(t.request_id, spec.worker_id, t.is_sender, t.ok,
-                                   t.buffer.numel() * t.buffer.element_size(), seconds))
-            if t.request_id in deferred_aborts:
-                deferred_aborts.discard(t.request_id)
-                core.abort(Abort(t.request_id))
+            if t.is_sender:
+                core.pool.free(sending_owner(t.request_id, t.block_index))
+            else:
+                incoming.received(t)
+            out.append(HandoffDone(t.request_id, t.block_index, spec.worker_id, t.is_sender, t.ok, t.num_bytes,
+                                   time.perf_counter() - t.started_at))
         continuing = 0
         if core.has_work:
             out += core.step()
@@ -123,6 +117,60 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
             # The turn's time covers inbox, step and building the batch; the put is the last act.
             out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start))
             outbox.put(out)
+
+
+class _Incoming:
+    """Blocks whose KV a decode worker receives: reserved pages (or a drain) until both the data
+    (transfer done) and the block (InstallKV) are in; an Abort frees them once the data is in."""
+
+    def __init__(self, core: WorkerCore) -> None:
+        self.core = core
+        self.state: dict[tuple[str, int], dict] = {}    # (request, block) -> done / ok / block / aborted
+
+    def post(self, msg: ReceiveKV, waiter: Waiter) -> None:
+        allocs = []
+        for rid, block, length, keep in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, msg.keep):
+            alloc = self.core.reserve_received(rid, block, length) if keep else None
+            allocs.append(alloc)
+            if alloc is not None:
+                self.state[(rid, block)] = {"done": False, "block": None, "aborted": False}
+        post_receives(self.core.pool, waiter, msg, allocs)
+
+    def received(self, t: Transfer) -> None:
+        st = self.state.get((t.request_id, t.block_index))
+        if st is None:               # refused or dropped: nothing was reserved
+            return
+        st["done"] = True
+        install_staging(self.core.pool, t)
+        if st["aborted"]:
+            self._drop(t.request_id, t.block_index)
+        elif st["block"] is not None:
+            self._install(st["block"])
+
+    def install(self, block: SubmitBlock) -> None:
+        st = self.state.get((block.request_id, block.block_index))
+        if st is None:               # refused (the engine knows) or aborted meanwhile
+            return
+        st["block"] = block
+        if st["done"]:
+            self._install(block)
+
+    def abort(self, request_id: str) -> None:
+        for rid, block in [k for k in self.state if k[0] == request_id]:
+            st = self.state[(rid, block)]
+            if st["done"]:
+                self._drop(rid, block)
+            else:
+                st["aborted"] = True        # the pages stay until the peer's data is in
+
+    def _install(self, block: SubmitBlock) -> None:
+        del self.state[(block.request_id, block.block_index)]
+        if not self.core.install_received(block):
+            self.core.pool.free(receiving_owner(block.request_id, block.block_index))
+
+    def _drop(self, rid: str, block: int) -> None:
+        del self.state[(rid, block)]
+        self.core.pool.free(receiving_owner(rid, block))
 
 
 def _await_submits(inbox, expected: int, budget_s: float) -> list:

@@ -13,6 +13,7 @@ import torch
 
 from ..model.args import ModelArgs
 from ..model.attention import AttentionBatch, SeqSpan, select_backend
+from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool, PageAlloc
 
 
@@ -38,7 +39,7 @@ def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, can
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
-                 causal: bool = False, attention_backend: str = "sdpa"):
+                 causal: bool = False, attention_backend: str = "sdpa", decode_graphs: DecodeGraphs | None = None):
         self.model = model
         self.args = args
         self.pool = pool
@@ -47,11 +48,16 @@ class ModelRunner:
         self.attention = select_backend(attention_backend, device, page_size=pool.page_size,
                                         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
                                         head_dim=args.head_dim, dtype=pool.layers[0].k.dtype)
+        self.graphs = decode_graphs      # fixed-shape path for decode-only iterations
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+    def forward(self, items: list[ForwardItem], layer_done=None, decode_only: bool = False) -> torch.Tensor:
         """Logits [len(items), max_block_width, vocab_size] (float32, on the model's device, where
-        sampling runs); rows past an item's block width are zeros."""
+        sampling runs); rows past an item's block width are zeros. `layer_done(layer_kv)` runs
+        after each layer's attention (streamed KV sends). A decode-only iteration of one block
+        width goes through the fixed-shape (CUDA graph) path when there is one."""
+        if decode_only and self.graphs is not None and not self.causal and self.graphs.fits(items):
+            return self.graphs.run(items)
         shift = self.args.logit_shift
         ids, pos, rows, seqs = [], [], [], []
         q_start = 0
@@ -65,7 +71,7 @@ class ModelRunner:
                                 it.alloc.slot_ids))
             q_start += n
         logits = self.model(torch.cat(ids).to(self.device), torch.cat(pos).to(self.device),
-                            AttentionBatch(seqs, self.causal, self.attention), self.pool.layers,
+                            AttentionBatch(seqs, self.causal, self.attention, layer_done), self.pool.layers,
                             torch.cat(rows).to(self.device))
         logits = logits[:, : self.args.vocab_size].float()
         width = max(it.block_end - it.block_start for it in items)

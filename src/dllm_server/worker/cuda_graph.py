@@ -1,0 +1,124 @@
+"""Decode-only iterations from fixed-shape buffers, replayed as CUDA graphs.
+
+An iteration without a prefill has one shape per (batch, fed width, key length): every sequence
+feeds its block (one position more for Dream) and attends over its canvas. DecodeGraphs pads the
+batch up to a power of two, the key length up to a power of two (>= MIN_KEYS), and computes the
+attention metadata (PaddedBatch) on the device from four small inputs: token ids, positions, a
+page table and canvas lengths. So only buffer contents change between iterations. On CUDA each
+shape is captured on first use into a graph (all graphs share one memory pool) and then
+replayed: one launch instead of hundreds of small kernels per layer. Elsewhere the same buffers
+feed an eager forward, which is how the CPU tests check this path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model.args import ModelArgs
+from ..model.attention import PaddedBatch
+from .kv_pool import KVPool
+
+MIN_KEYS = 256
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+@dataclass(slots=True)
+class _Shape:
+    batch: int
+    width: int                  # fed tokens per sequence
+    block: int                  # logit rows per sequence (width - logit_shift)
+    keys: int
+    ids: torch.Tensor           # int64 [batch * width]
+    positions: torch.Tensor     # int64 [batch * width]
+    page_table: torch.Tensor    # int64 [batch, keys // page_size]; padding: the scratch page
+    kv_len: torch.Tensor        # int64 [batch]
+    rows: torch.Tensor          # int64 [batch * block]: logit rows of the packed stream
+    key_pos: torch.Tensor       # int64 [keys]
+    logits: torch.Tensor | None = None   # float32 [batch * block, vocab]: the graph's output
+    graph: object | None = None
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
+                 max_batch: int, capture: bool):
+        self.model, self.args, self.pool, self.device = model, args, pool, device
+        self.max_batch = max_batch
+        self.capture = capture and device.type == "cuda"
+        self.shapes: dict[tuple[int, int, int], _Shape] = {}
+        self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
+
+    def fits(self, items) -> bool:
+        """Every item a dual-cache block step of one width, no more than max_batch of them."""
+        if not items or len(items) > self.max_batch:
+            return False
+        shift = self.args.logit_shift
+        w = items[0].fed_end - items[0].fed_start
+        return all(it.fed_end - it.fed_start == w and it.block_end - it.block_start == w - shift
+                   and it.fed_start == it.block_start - shift for it in items)
+
+    def run(self, items) -> torch.Tensor:
+        """Block logits [len(items), block, vocab]: a view of a static buffer, valid until the next run."""
+        n = len(items)
+        width = items[0].fed_end - items[0].fed_start
+        key = (pow2_at_least(n), width, pow2_at_least(max(it.canvas.numel() for it in items), MIN_KEYS))
+        s = self.shapes.get(key) or self._build(*key)
+        self._fill(s, items)
+        if s.graph is not None:
+            s.graph.replay()
+        else:
+            s.logits = self._forward(s)
+        return s.logits[: n * s.block].view(n, s.block, -1)
+
+    def _fill(self, s: _Shape, items) -> None:
+        page = self.pool.page_size
+        ids = torch.zeros(s.batch, s.width, dtype=torch.int64)
+        pos = torch.zeros(s.batch, s.width, dtype=torch.int64)
+        table = torch.full((s.batch, -(-s.keys // page)), self.pool.scratch_page, dtype=torch.int64)
+        kv_len = torch.ones(s.batch, dtype=torch.int64)
+        for b, it in enumerate(items):
+            ids[b] = it.canvas[it.fed_start:it.fed_end]
+            pos[b] = torch.arange(it.fed_start, it.fed_end)
+            table[b, : len(it.alloc.pages)] = torch.tensor(it.alloc.pages, dtype=torch.int64)
+            kv_len[b] = it.canvas.numel()
+        for dst, src in ((s.ids, ids.view(-1)), (s.positions, pos.view(-1)), (s.page_table, table),
+                         (s.kv_len, kv_len)):
+            dst.copy_(src)
+
+    def _forward(self, s: _Shape) -> torch.Tensor:
+        """What the graph records: metadata from the inputs, then the model."""
+        page = self.pool.page_size
+        kv_slots = s.page_table[:, s.key_pos // page] * page + s.key_pos % page
+        kv_valid = s.key_pos.unsqueeze(0) < s.kv_len.unsqueeze(1)
+        fed = s.positions.view(s.batch, s.width)
+        write_slots = (torch.gather(s.page_table, 1, fed // page) * page + fed % page).view(-1)
+        batch = PaddedBatch(s.batch, s.width, write_slots, kv_slots, kv_valid)
+        logits = self.model(s.ids, s.positions, batch, self.pool.layers, s.rows)
+        return logits[:, : self.args.vocab_size].float()
+
+    def _build(self, batch: int, width: int, keys: int) -> _Shape:
+        dev = self.device
+        block = width - self.args.logit_shift
+        rows = (torch.arange(batch).unsqueeze(1) * width + torch.arange(block)).view(-1)
+        s = _Shape(batch, width, block, keys,
+                   torch.zeros(batch * width, dtype=torch.int64, device=dev),
+                   torch.zeros(batch * width, dtype=torch.int64, device=dev),
+                   torch.full((batch, -(-keys // self.pool.page_size)), self.pool.scratch_page,
+                              dtype=torch.int64, device=dev),
+                   torch.ones(batch, dtype=torch.int64, device=dev), rows.to(dev),
+                   torch.arange(keys, device=dev))
+        if self.capture:   # the buffers point at the scratch page: warm-up and capture touch no live KV
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                self._forward(s)               # warm-up: allocator and library workspaces
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mempool):
+                s.logits = self._forward(s)
+            s.graph = graph
+        self.shapes[(batch, width, keys)] = s
+        return s

@@ -1,0 +1,161 @@
+"""Layer-wise KV streaming between two real processes over gloo: the receiver has layer 0 while
+the sender's prefill forward is still running, the received KV equals the sender's, a forward
+that fails mid-way still completes the receiver's posted receives, and a receiver without pages
+drains the data. Contiguous and gathered pages on both ends."""
+import queue
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dllm_server.config import ServerConfig
+from dllm_server.decoding.params import SamplingParams
+from dllm_server.engine.worker_pool import free_port
+from dllm_server.messages import BlockDone, PrefillDone, ReceiveKV, RequestFailed, SubmitBlock
+from dllm_server.model.loader import load_model
+from dllm_server.worker.core import WorkerCore
+from dllm_server.worker.kv_transfer import KVSender, Waiter, install_staging, post_receives, receiving_owner
+
+PAGE, PAGES = 8, 20
+LENGTHS = {"a": 20, "b": 24}          # canvas tokens: 3 pages each
+
+
+def _core(model_path):
+    config = ServerConfig(block_length=8, dtype="float32", page_size=PAGE, num_pages=PAGES)
+    model, args, dtype = load_model(model_path, "float32", torch.device("cpu"))
+    return WorkerCore(config, model, args, dtype, torch.device("cpu"), PAGES), args
+
+
+def _fragment(pool, free_pages):
+    """Own every page with a filler, then free `free_pages`: later allocations land exactly there."""
+    for p in range(PAGES):
+        pool.allocate(f"fill{p}", PAGE)
+    for p in free_pages:
+        pool.free(f"fill{p}")
+
+
+def _block(rid, args, dst):
+    n = LENGTHS[rid]
+    canvas = torch.full((n,), args.mask_id, dtype=torch.int64)
+    canvas[: n - 16] = torch.arange(1, n - 15)
+    params = SamplingParams(max_tokens=16, ignore_eos=True).resolve(ServerConfig(block_length=8), 7)
+    return SubmitBlock(rid, 0, n - 16, canvas, params, (), ord(rid), handoff=True, stream_to=dst)
+
+
+def _kv_of(pool, alloc, n):
+    idx = slice(alloc.slot_base, alloc.slot_base + n) if alloc.slot_ids is None else alloc.slot_ids[:n]
+    return torch.stack([torch.stack([layer.k[idx], layer.v[idx]]) for layer in pool.layers])
+
+
+def _sender(model_path, to_recv, from_recv, scenario):
+    core, args = _core(model_path)
+    waiter = Waiter(torch.device("cpu"))
+    core.sender = KVSender(0, core.pool, waiter)
+    core.emit = lambda msgs: to_recv.put(("sent", msgs))
+    _fragment(core.pool, [0, 1, 2, 5, 7, 9])            # a: pages 0-2 (a view), b: 5, 7, 9 (a gather)
+    last = core.runner.model.model.transformer["blocks"][-1]
+
+    def before_last_layer(*_):
+        # The forward cannot end before the receiver holds layer 0: only a send issued from
+        # inside the forward can satisfy this.
+        assert from_recv.get(timeout=20) == "layer0"
+        if scenario == "fail":
+            raise RuntimeError("boom in the last layer")
+
+    last.register_forward_pre_hook(before_last_layer)
+    for rid in LENGTHS:
+        assert core.submit(_block(rid, args, dst=1)) == []
+    out = core.step()
+    if scenario == "fail":
+        assert sorted(m.request_id for m in out if isinstance(m, RequestFailed)) == ["a", "b"]
+    else:
+        assert sorted(m.request_id for m in out if isinstance(m, (PrefillDone, BlockDone))) == ["a", "b"]
+        assert not core.tasks                        # the streamed blocks left with their KV
+    sent = {}
+    for owner in core.pool.owners():
+        if "\x00out" in owner:
+            rid = owner.split("\x00")[0]
+            sent[rid] = _kv_of(core.pool, core.pool._owner[owner], LENGTHS[rid]).numpy()   # pickled by value
+    assert sorted(sent) == ["a", "b"]
+    assert core.pool._owner[next(o for o in core.pool.owners() if o.startswith("b\x00"))].slot_ids is not None
+    to_recv.put(("kv", sent))
+    done = []
+    while len(done) < 2:
+        done += waiter.completed()
+    assert all(t.error is None for t in done)
+
+
+def _receiver(model_path, from_send, to_send, scenario):
+    core, _ = _core(model_path)
+    waiter = Waiter(torch.device("cpu"))
+    _fragment(core.pool, [1, 3, 5, 10, 11, 12] if scenario != "refuse" else [4])
+    kind, msgs = from_send.get(timeout=20)
+    assert kind == "sent" and len(msgs) == 1
+    m = msgs[0]
+    allocs = [core.reserve_received(rid, b, n) for rid, b, n in zip(m.request_ids, m.block_indices, m.canvas_lens)]
+    if scenario == "refuse":
+        assert allocs == [None, None]
+    else:
+        assert allocs[0].slot_ids is None and allocs[1].slot_ids is not None   # a contiguous, b gathered
+    post_receives(core.pool, waiter, ReceiveKV(m.src_worker, m.request_ids, m.block_indices, m.canvas_lens,
+                                               (True, True), m.tag_base), allocs)
+    # Layer 0's K of the first request lands in its buffer while the sender is still in its forward.
+    first = waiter.pending[0].buffers[0]
+    deadline = time.monotonic() + 20
+    while not bool(first.abs().sum() > 0) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert bool(first.abs().sum() > 0), "layer 0 did not arrive during the sender's forward"
+    to_send.put("layer0")
+    done = []
+    while len(done) < 2:
+        done += waiter.completed()
+    assert all(t.error is None for t in done)
+    kind, sent = from_send.get(timeout=20)
+    if scenario == "refuse":
+        assert [t.ok for t in done] == [False, False]
+        return
+    for t in done:
+        install_staging(core.pool, t)
+        got = _kv_of(core.pool, core.pool._owner[receiving_owner(t.request_id, 0)], LENGTHS[t.request_id])
+        assert torch.equal(got, torch.from_numpy(sent[t.request_id])), t.request_id
+
+
+def _rank(rank, port, model_path, q01, q10, scenario, errors):
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        torch.set_num_threads(1)
+        if rank == 0:
+            _sender(model_path, q01, q10, scenario)
+        else:
+            _receiver(model_path, q01, q10, scenario)
+    except BaseException as exc:   # reported to the test process
+        import traceback
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        raise SystemExit(1) from exc
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("scenario", ["ok", "fail", "refuse"])
+def test_layerwise_stream_between_processes(tiny_llada, scenario):
+    ctx = mp.get_context("spawn")
+    q01, q10, errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, tiny_llada, q01, q10, scenario, errors)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    msgs = []
+    while True:
+        try:
+            msgs.append(errors.get(timeout=0.5))
+        except queue.Empty:
+            break
+    assert not alive and not msgs and all(p.exitcode == 0 for p in procs), "\n".join(msgs)

@@ -1,0 +1,91 @@
+"""The fixed-shape decode path (what CUDA graphs replay) equals the paged SDPA path: same block
+logits, same KV written, nothing outside the fed slots touched; and whole generations with it are
+token-identical. On the CPU it runs eagerly from the same buffers a graph would replay."""
+import torch
+
+from dllm_server import LLM, SamplingParams
+from dllm_server.model.loader import load_model
+from dllm_server.worker.cuda_graph import DecodeGraphs, pow2_at_least
+from dllm_server.worker.kv_pool import KVPool
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+
+
+def _setup(path, page_size=4, num_pages=200):
+    model, args, dtype = load_model(path, "float32", torch.device("cpu"))
+    pool = KVPool(args.num_layers, num_pages, page_size, args.num_kv_heads, args.head_dim, dtype)
+    return model, args, pool
+
+
+def _fragment(pool):
+    """Every other page taken, so later allocations get gathered (non-contiguous) pages."""
+    for p in range(0, pool.num_pages, 2):
+        pool.allocate(f"hole{p}", pool.page_size)
+        pool.allocate(f"keep{p}", pool.page_size)
+    for p in range(0, pool.num_pages, 2):
+        pool.free(f"hole{p}")
+
+
+def test_pow2_buckets():
+    assert [pow2_at_least(n) for n in (1, 2, 3, 5, 64, 65)] == [1, 2, 4, 8, 64, 128]
+    assert pow2_at_least(3, 256) == 256 and pow2_at_least(300, 256) == 512
+
+
+def test_fixed_shape_step_equals_paged_sdpa(tiny_model):
+    model, args, pool = _setup(tiny_model)
+    _fragment(pool)
+    eager = ModelRunner(model, args, pool, torch.device("cpu"))
+    fixed = ModelRunner(model, args, pool, torch.device("cpu"),
+                        decode_graphs=DecodeGraphs(model, args, pool, torch.device("cpu"), 64, capture=False))
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for b, (prompt, answer) in enumerate([(5, 16), (13, 24), (40, 8), (3, 32), (21, 16)]):   # 5: padded to 8
+        n = prompt + answer
+        canvas = torch.randint(0, 200, (n,), generator=g)
+        canvas[prompt:] = args.mask_id
+        canvas[prompt + 1] = 7                          # one committed token in the block
+        alloc = pool.allocate(f"r{b}", n)
+        start = prompt
+        eager.forward([ForwardItem(canvas, alloc, 0, n, start, start + 8)])        # prefill fills the cache
+        a, e = fed_range("dual", False, start, start + 8, n, args.logit_shift)
+        items.append(ForwardItem(canvas, alloc, a, e, start, start + 8))
+    assert any(it.alloc.slot_ids is not None for it in items)
+    assert fixed.graphs.fits(items)
+    before = [layer.k.clone() for layer in pool.layers]
+    want = eager.forward(items, decode_only=True)
+    after_eager = [layer.k.clone() for layer in pool.layers]
+    for layer, k in zip(pool.layers, before):
+        layer.k.copy_(k)
+    got = fixed.forward(items, decode_only=True)
+    assert got.shape == want.shape == (5, 8, args.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    scratch = slice(pool.scratch_page * pool.page_size, None)
+    for layer, k in zip(pool.layers, after_eager):      # same KV written, nowhere else touched
+        torch.testing.assert_close(layer.k[: scratch.start], k[: scratch.start], rtol=1e-5, atol=1e-5)
+    assert list(fixed.graphs.shapes) == [(8, 8 + args.logit_shift, 256)]
+
+
+def test_prefill_or_mixed_widths_stay_on_the_paged_path(tiny_llada):
+    model, args, pool = _setup(tiny_llada)
+    graphs = DecodeGraphs(model, args, pool, torch.device("cpu"), 4, capture=False)
+    c = torch.full((24,), args.mask_id)
+    a = pool.allocate("a", 24)
+    decode = ForwardItem(c, a, 8, 16, 8, 16)
+    assert graphs.fits([decode])
+    assert not graphs.fits([ForwardItem(c, a, 0, 24, 8, 16)])                  # a prefill
+    assert not graphs.fits([decode, ForwardItem(c, a, 8, 12, 8, 12)])          # another block width
+    assert not graphs.fits([decode] * 5)                                        # past max_batch
+
+
+def test_generations_identical_with_fixed_shape_decodes(tiny_model):
+    reqs = [({"prompt_token_ids": [i + 1, 9, 4, 2 * i + 3]}, SamplingParams(max_tokens=24 + 8 * (i % 3), seed=i,
+                                                                           temperature=0.7 * (i % 2)))
+            for i in range(12)]
+    plain = LLM(tiny_model, block_length=8, dtype="float32")
+    fixed = LLM(tiny_model, block_length=8, dtype="float32")
+    core = fixed.core
+    core.runner.graphs = DecodeGraphs(core.runner.model, core.args, core.pool, torch.device("cpu"), 64,
+                                      capture=False)
+    want = plain.generate([p for p, _ in reqs], [s for _, s in reqs])
+    got = fixed.generate([p for p, _ in reqs], [s for _, s in reqs])
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert core.runner.graphs.shapes, "no iteration took the fixed-shape path"
