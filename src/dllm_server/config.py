@@ -25,7 +25,8 @@ class ServerConfig:
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)")
-    attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; not yet validated on a GPU)",
+    attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; falls back to SDPA without CUDA or "
+                                "the package; not yet validated on a GPU)",
                                 choices=("sdpa", "flashinfer"))
     enforce_eager: bool = _f(False, "CUDA: run decode-only iterations eagerly instead of replaying CUDA graphs "
                              "captured per (batch, block, key length) bucket")

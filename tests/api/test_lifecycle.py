@@ -78,6 +78,7 @@ def test_metrics_parse_and_count(server):
                  "dllm:request_queue_time_seconds", "dllm:prompt_tokens", "dllm:generation_tokens",
                  "dllm:denoising_steps", "dllm:committed_tokens", "dllm:canvas_positions",
                  "dllm:tokens_per_forward", "dllm:worker_deficit_tokens", "dllm:kv_transfer_bytes",
+                 "dllm:kv_handoffs", "dllm:kv_handoff_stall_seconds",
                  "vllm:diffusion_num_denoising_steps", "vllm:diffusion_num_committed_tokens",
                  "vllm:diffusion_num_canvas_positions"):
         assert want in names, want

@@ -40,10 +40,11 @@ async def test_dream_disaggregated_matches_offline(tiny_dream):
     assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
 
 
-@pytest.mark.parametrize("placement", ["colocated", "disaggregated", "hybrid"])
-async def test_placements_match_offline(engine_config, offline_tokens, placement):
+@pytest.mark.parametrize("placement,kv_transfer", [("colocated", "layerwise"), ("disaggregated", "layerwise"),
+                                                   ("disaggregated", "after_prefill"), ("hybrid", "layerwise")])
+async def test_placements_match_offline(engine_config, offline_tokens, placement, kv_transfer):
     config = engine_config.replace(placement=placement, num_workers=2 if placement == "colocated" else 1,
-                                   num_prefill_workers=1, overflow_threshold_tokens=200)
+                                   num_prefill_workers=1, overflow_threshold_tokens=200, kv_transfer=kv_transfer)
     async with running(config) as engine:
         outs = await asyncio.gather(*[engine.run(p, s) for p, s in mixed_requests()])
         assert [o.token_ids for o in outs] == offline_tokens
@@ -51,6 +52,9 @@ async def test_placements_match_offline(engine_config, offline_tokens, placement
         counters = engine.scheduler.counters
         if placement == "disaggregated":
             assert counters.kv_transfer_bytes > 0 and counters.prefills_overflowed == 0
+            # every block that did not finish inside its prefill step moved, and was timed
+            assert counters.kv_handoffs > 0 and counters.kv_handoff_stall_seconds > 0
+            assert counters.kv_transfers_failed == 0
         if placement == "hybrid":
             assert counters.prefills_overflowed > 0 and counters.kv_transfer_bytes > 0
         assert not engine.scheduler.requests and engine.scheduler.num_waiting == 0

@@ -27,6 +27,9 @@ class EngineCollector:
         healthy = GaugeMetricFamily("dllm:worker_up", "1 when the worker is ready and alive", labels=labels + ["worker"])
         xfer_b = CounterMetricFamily("dllm:kv_transfer_bytes", "KV bytes sent between workers", labels=labels)
         xfer_s = CounterMetricFamily("dllm:kv_transfer_seconds", "seconds spent sending KV", labels=labels)
+        handoffs = CounterMetricFamily("dllm:kv_handoffs", "blocks moved to a decode worker", labels=labels)
+        stall = CounterMetricFamily("dllm:kv_handoff_stall_seconds", "prefill step done -> first decode step on "
+                                    "the decode worker, summed over handoffs", labels=labels)
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
@@ -45,9 +48,12 @@ class EngineCollector:
             usage.add_metric([self.model], used / total if total else 0.0)
             xfer_b.add_metric([self.model], sched.counters.kv_transfer_bytes)
             xfer_s.add_metric([self.model], sched.counters.kv_transfer_seconds)
+            handoffs.add_metric([self.model], sched.counters.kv_handoffs)
+            stall.add_metric([self.model], sched.counters.kv_handoff_stall_seconds)
             canvas.add_metric([self.model], sched.counters.canvas_positions)
             canvas_v.add_metric([self.model], sched.counters.canvas_positions)
-        yield from (running, waiting, usage, budget, deficit, healthy, xfer_b, xfer_s, canvas, canvas_v)
+        yield from (running, waiting, usage, budget, deficit, healthy, xfer_b, xfer_s, handoffs, stall, canvas,
+                    canvas_v)
 
 
 class Metrics:

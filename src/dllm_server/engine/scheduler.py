@@ -46,6 +46,7 @@ class Entry:
     started: bool = False              # first step seen (no longer waiting)
     first_token_at: float | None = None
     first_step_at: float | None = None
+    stalled_since: float | None = None  # PrefillDone of a handoff; cleared by the block's first decode step
 
     @property
     def decode_worker(self) -> int | None:
@@ -85,6 +86,8 @@ class Counters:
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     kv_transfers_failed: int = 0
+    kv_handoffs: int = 0
+    kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
     prefills_overflowed: int = 0
     worker_restarts: int = 0
     canvas_positions: int = 0
@@ -189,6 +192,7 @@ class Scheduler:
 
     def _release(self, entry: Entry) -> None:
         self._uncharge(entry)
+        entry.stalled_since = None
         h, entry.handoff = entry.handoff, None
         if h is not None:
             self._unreserve(h)
@@ -244,6 +248,10 @@ class Scheduler:
                 entry.first_step_at = time.monotonic()
             if msg.positions and entry.first_token_at is None:
                 entry.first_token_at = time.monotonic()
+            if entry.stalled_since is not None and wid == entry.worker and entry.handoff is None:
+                self.counters.kv_handoffs += 1
+                self.counters.kv_handoff_stall_seconds += time.monotonic() - entry.stalled_since
+                entry.stalled_since = None
         if isinstance(msg, PrefillDone):
             self._on_prefill_done(entry, msg)
             return
@@ -282,6 +290,7 @@ class Scheduler:
         if h is None or h.block_index != msg.block_index:
             return
         h.steps = msg.num_steps
+        entry.stalled_since = time.monotonic()
         if h.dst is None:                       # held on the prefill worker until a receiver has room
             self._send_held(entry)
         elif h.kv_ok is False:
@@ -342,7 +351,7 @@ class Scheduler:
     def _fall_back(self, entry: Entry) -> None:
         """The receiver refused (pages short): re-prefill the block anywhere, decoding it there."""
         steps = entry.handoff.steps
-        entry.handoff, entry.worker = None, None
+        entry.handoff, entry.worker, entry.stalled_since = None, None, None
         retry = dataclasses.replace(entry.state.submit_msg(), step_offset=steps, handoff=False, stream_to=None)
         self._dispatch(entry, retry, allow_any_role=True)
 

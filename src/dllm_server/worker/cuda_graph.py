@@ -117,7 +117,8 @@ class DecodeGraphs:
                 self._forward(s)               # warm-up: allocator and library workspaces
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.mempool):
+            # thread_local: the KV waiter thread may synchronise its own stream meanwhile.
+            with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
                 s.logits = self._forward(s)
             s.graph = graph
         self.shapes[(batch, width, keys)] = s

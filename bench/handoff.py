@@ -1,0 +1,91 @@
+"""KV handoff benchmark: the same disaggregated workload with the KV streamed layer by layer
+during the prefill forward (`kv_transfer=layerwise`) and sent after the prefill step
+(`after_prefill`), on the real multi-process engine (one prefill worker, one decode worker, gloo
+on the CPU). Reports the handoff stall (the prefill step's end to the block's first decode step
+on the decode worker, mean per handoff), KV bytes moved, throughput and latency. The runs
+alternate (A, B, A, B, ...) so drift on a shared machine hits both alike.
+
+    python bench/handoff.py [--model DIR] [--requests 32] [--rate 3] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+
+from dllm_server import SamplingParams
+from dllm_server.config import ServerConfig
+from dllm_server.engine.async_engine import AsyncEngine
+from dllm_server.model.embedded import embedded_model_path
+
+MODES = ("after_prefill", "layerwise")
+
+
+def workload(n: int, rate: float, seed: int):
+    rng = random.Random(seed)
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        prompt = [rng.randrange(1, 250) for _ in range(rng.choice([96, 224, 480]))]
+        reqs.append((t, {"prompt_token_ids": prompt}, SamplingParams(max_tokens=rng.choice([64, 96]),
+                                                                   ignore_eos=True, seed=i)))
+    return reqs
+
+
+async def run(config: ServerConfig, reqs) -> dict:
+    engine = AsyncEngine(config)
+    await engine.start()
+    latencies, start = [], time.monotonic()
+
+    async def one(at, prompt, params):
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        t0 = time.monotonic()
+        out = await engine.run(prompt, params)
+        latencies.append(time.monotonic() - t0)
+        return len(out.token_ids)
+
+    tokens = await asyncio.gather(*[one(*r) for r in reqs])
+    wall = time.monotonic() - start
+    c = engine.scheduler.counters
+    await engine.shutdown(0)
+    return {"handoffs": c.kv_handoffs, "stall_ms": 1e3 * c.kv_handoff_stall_seconds / max(1, c.kv_handoffs),
+            "mb": c.kv_transfer_bytes / 2**20, "failed": c.kv_transfers_failed, "tok_s": sum(tokens) / wall,
+            "mean": statistics.mean(latencies), "p50": statistics.median(latencies),
+            "p99": statistics.quantiles(latencies, n=100)[98]}
+
+
+async def main_async(a) -> None:
+    base = ServerConfig(model=a.model, placement="disaggregated", num_workers=1, num_prefill_workers=1,
+                        threads_per_worker=1)
+    reqs = workload(a.requests, a.rate, a.seed)
+    results: dict[str, list[dict]] = {m: [] for m in MODES}
+    for r in range(a.rounds):
+        for mode in MODES:
+            res = await run(base.replace(kv_transfer=mode), reqs)
+            results[mode].append(res)
+            print(f"round {r + 1} {mode}: {res}", flush=True)
+    print(f"\n{a.requests} requests, Poisson {a.rate}/s, prompts 96/224/480, answers 64/96, block 32; "
+          f"median over {a.rounds} rounds\n")
+    print("| kv_transfer | handoffs | stall per handoff (ms) | KV moved (MiB) | failed | output tok/s "
+          "| mean latency (s) | p50 (s) | p99 (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in MODES:
+        med = {k: statistics.median(x[k] for x in results[mode]) for k in results[mode][0]}
+        print(f"| {mode} | {med['handoffs']:.0f} | {med['stall_ms']:.1f} | {med['mb']:.1f} | {med['failed']:.0f} "
+              f"| {med['tok_s']:.1f} | {med['mean']:.2f} | {med['p50']:.2f} | {med['p99']:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(embedded_model_path()))
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
