@@ -36,3 +36,17 @@ def test_backend_selection(caplog):
     assert "using SDPA" in caplog.text
     with pytest.raises(ValueError, match="attention_backend"):
         select_backend("magic", torch.device("cpu"))
+
+
+def test_host_page_lists_agree_with_slot_ids():
+    """Runner-built spans carry the host page list (no device read); it gives the same table."""
+    pool = KVPool(1, 12, 4, 1, 2, torch.float32)
+    for p in range(12):
+        pool.allocate(f"p{p}", 4)
+    for p in (9, 2, 5, 7):
+        pool.free(f"p{p}")
+    g = pool.allocate("g", 14)
+    assert g.slot_ids is not None
+    from_ids = paged_metadata([SeqSpan(0, 4, 10, 14, -1, g.slot_ids)], 4)
+    from_host = paged_metadata([SeqSpan(0, 4, 10, 14, -1, g.slot_ids, g.pages)], 4)
+    assert from_ids == from_host and from_host.page_ids == g.pages

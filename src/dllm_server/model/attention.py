@@ -30,6 +30,7 @@ class SeqSpan:
     kv_len: int            # canvas length: keys [0, kv_len) are attended
     slot_base: int         # >= 0: the canvas lives in contiguous slots [base, base + kv_len)
     slot_ids: torch.Tensor | None  # otherwise the slot of every canvas position (int64 [kv_len])
+    pages: list[int] | None = None # its pages in canvas order, when known on the host (FlashInfer plan)
 
 
 AttentionFn = Callable[..., torch.Tensor]   # (q, k, v, layer_kv, batch) -> out, see sdpa_attention
@@ -43,6 +44,7 @@ class AttentionBatch:
     causal: bool = False   # test-only oracle: query at p sees keys <= p
     backend: AttentionFn | None = None
     layer_done: Callable[[LayerKV], None] | None = None   # after each layer (streamed KV sends)
+    fed_slots: torch.Tensor | None = None   # int64 [T]: cache slot of every packed fed token (one write)
 
 
 @dataclass(slots=True)
@@ -141,6 +143,10 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
 
 def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
     """Store every sequence's fed K/V in its cache slots (what each backend does first)."""
+    if batch.fed_slots is not None:       # one scatter per layer instead of two per sequence
+        kv.k.index_copy_(0, batch.fed_slots, k)
+        kv.v.index_copy_(0, batch.fed_slots, v)
+        return
     for seq in batch.seqs:
         rows = slice(seq.q_start, seq.q_start + seq.q_len)
         _write(kv.k, seq, k[rows])

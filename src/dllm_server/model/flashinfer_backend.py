@@ -28,10 +28,12 @@ def paged_metadata(seqs: list[SeqSpan], page_size: int) -> PagedMetadata:
     qo, kv, pages, last = [0], [0], [], []
     for s in seqs:
         n = -(-s.kv_len // page_size)
-        if s.slot_ids is None:
+        if s.pages is not None:
+            pages.extend(s.pages[:n])
+        elif s.slot_ids is None:
             first = s.slot_base // page_size
             pages.extend(range(first, first + n))
-        else:
+        else:                                   # reads the device: runner-built spans carry pages
             pages.extend((s.slot_ids[::page_size][:n] // page_size).tolist())
         qo.append(qo[-1] + s.q_len)
         kv.append(len(pages))

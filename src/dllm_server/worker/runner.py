@@ -59,19 +59,24 @@ class ModelRunner:
         if decode_only and self.graphs is not None and not self.causal and self.graphs.fits(items):
             return self.graphs.run(items)
         shift = self.args.logit_shift
-        ids, pos, rows, seqs = [], [], [], []
+        page = self.pool.page_size
+        ids, pos, rows, seqs, slots = [], [], [], [], []
         q_start = 0
         for it in items:
             n = it.fed_end - it.fed_start
             ids.append(it.canvas[it.fed_start:it.fed_end])
-            pos.append(torch.arange(it.fed_start, it.fed_end))
+            fed = torch.arange(it.fed_start, it.fed_end)
+            pos.append(fed)
+            a = it.alloc   # slots from the host page list: no device-to-host read of slot_ids
+            slots.append(fed + a.slot_base if a.slot_ids is None else
+                         torch.tensor(a.pages, dtype=torch.int64)[fed // page] * page + fed % page)
             first = q_start + (it.block_start - shift - it.fed_start)
             rows.append(torch.arange(first, first + it.block_end - it.block_start))
-            seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), it.alloc.slot_base,
-                                it.alloc.slot_ids))
+            seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), a.slot_base, a.slot_ids, a.pages))
             q_start += n
         logits = self.model(torch.cat(ids).to(self.device), torch.cat(pos).to(self.device),
-                            AttentionBatch(seqs, self.causal, self.attention, layer_done), self.pool.layers,
+                            AttentionBatch(seqs, self.causal, self.attention, layer_done,
+                                           torch.cat(slots).to(self.device)), self.pool.layers,
                             torch.cat(rows).to(self.device))
         logits = logits[:, : self.args.vocab_size].float()
         width = max(it.block_end - it.block_start for it in items)
