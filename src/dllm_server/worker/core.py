@@ -241,7 +241,7 @@ class WorkerCore:
 
     def _commit(self, batch: list[BlockTask], logits: torch.Tensor, n_prefills: int) -> list:
         """Sampling runs where the logits are (no [B, K, V] copy to the host); only the commit
-        mask and the proposals come back, in one transfer each."""
+        mask and the proposals come back, in one transfer."""
         mask_id = self.args.mask_id
         dev = logits.device
         width = logits.shape[1]
@@ -263,8 +263,9 @@ class WorkerCore:
         fixed = torch.tensor([-1 if t.schedule is None else t.schedule[min(t.step, len(t.schedule) - 1)]
                               for t in batch], dtype=torch.int64, device=dev)
         count = unmask.commit_counts(score, masked, threshold, factor, fixed)
-        commit = unmask.select_commits(score, masked, count).cpu()
-        tokens = tokens.cpu()
+        commit = unmask.select_commits(score, masked, count)
+        host = torch.stack((commit.to(torch.int64), tokens)).cpu()   # the step's one device-to-host sync
+        commit, tokens = host[0].bool(), host[1]
 
         out: list = []
         for i, t in enumerate(batch):
