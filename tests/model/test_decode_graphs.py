@@ -89,3 +89,17 @@ def test_generations_identical_with_fixed_shape_decodes(tiny_model):
     got = fixed.generate([p for p, _ in reqs], [s for _, s in reqs])
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert core.runner.graphs.shapes, "no iteration took the fixed-shape path"
+
+
+def test_capture_all_covers_every_bucket_of_the_default_width(tiny_llada):
+    """Start-up capture (what a CUDA worker does; here without the capture itself): every batch
+    and key bucket of the default block width exists, so serving never builds one."""
+    model, args, pool = _setup(tiny_llada)
+    graphs = DecodeGraphs(model, args, pool, torch.device("cpu"), 4, capture=False)
+    assert graphs.capture_all(8) == 3 * 3                    # batches 1, 2, 4 x keys 256, 512, 1024
+    assert {k for _, _, k in graphs.shapes} == {256, 512, 1024} and args.max_len == 1024
+    runner = ModelRunner(model, args, pool, torch.device("cpu"), decode_graphs=graphs)
+    c = torch.full((40,), args.mask_id)
+    allocs = [pool.allocate(f"r{i}", 40) for i in range(3)]
+    runner.forward([ForwardItem(c, a, 8, 16, 8, 16) for a in allocs], decode_only=True)
+    assert len(graphs.shapes) == 9

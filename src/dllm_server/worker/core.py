@@ -76,6 +76,10 @@ class WorkerCore:
         graphs = None
         if device.type == "cuda" and not config.enforce_eager and not config.causal:
             graphs = DecodeGraphs(model, args, self.pool, device, config.max_active_decodes, capture=True)
+            t0 = time.perf_counter()
+            n = graphs.capture_all(config.block_length)
+            log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
+                     time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
         self.runner = ModelRunner(model, args, self.pool, device, causal=config.causal,
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
         self.tasks: dict[str, BlockTask] = {}

@@ -51,6 +51,20 @@ class DecodeGraphs:
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
 
+    @torch.inference_mode()
+    def capture_all(self, block_length: int) -> int:
+        """At start-up, like vLLM: every (batch, key) bucket of the default block width, largest
+        first so the shared pool is sized once and the first requests never wait on a capture.
+        Other block widths are captured on first use. Returns the number of graphs."""
+        width = block_length + self.args.logit_shift
+        keys = [k for k in (MIN_KEYS << i for i in range(16)) if k < 2 * max(self.args.max_len, MIN_KEYS)]
+        batches = [b for b in (1 << i for i in range(16)) if b < 2 * self.max_batch]
+        for k in reversed(keys):
+            for b in reversed(batches):
+                if (b, width, k) not in self.shapes:
+                    self._build(b, width, k)
+        return len(self.shapes)
+
     def fits(self, items) -> bool:
         """Every item a dual-cache block step of one width, no more than max_batch of them."""
         if not items or len(items) > self.max_batch:
