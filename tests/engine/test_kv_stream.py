@@ -2,6 +2,7 @@
 the sender's prefill forward is still running, the received KV equals the sender's, a forward
 that fails mid-way still completes the receiver's posted receives, and a receiver without pages
 drains the data. Contiguous and gathered pages on both ends."""
+import dataclasses
 import queue
 import time
 
@@ -16,7 +17,7 @@ from dllm_server.engine.worker_pool import free_port
 from dllm_server.messages import BlockDone, PrefillDone, ReceiveKV, RequestFailed, SubmitBlock
 from dllm_server.model.loader import load_model
 from dllm_server.worker.core import WorkerCore
-from dllm_server.worker.kv_transfer import KVSender, Waiter, install_staging, post_receives, receiving_owner
+from dllm_server.worker.kv_transfer import KVReceiver, KVSender, Waiter, receiving_owner
 
 PAGE, PAGES = 8, 20
 LENGTHS = {"a": 20, "b": 24}          # canvas tokens: 3 pages each
@@ -94,13 +95,13 @@ def _receiver(model_path, from_send, to_send, scenario):
     kind, msgs = from_send.get(timeout=20)
     assert kind == "sent" and len(msgs) == 1
     m = msgs[0]
-    allocs = [core.reserve_received(rid, b, n) for rid, b, n in zip(m.request_ids, m.block_indices, m.canvas_lens)]
+    receiver = KVReceiver(core, waiter)
+    receiver.post(ReceiveKV(m.src_worker, m.request_ids, m.block_indices, m.canvas_lens, (True, True), m.tag_base))
     if scenario == "refuse":
-        assert allocs == [None, None]
+        assert not receiver.arrivals and [t.ok for t in waiter.pending] == [False, False]
     else:
+        allocs = [core.pool._owner[receiving_owner(rid, 0)] for rid in m.request_ids]
         assert allocs[0].slot_ids is None and allocs[1].slot_ids is not None   # a contiguous, b gathered
-    post_receives(core.pool, waiter, ReceiveKV(m.src_worker, m.request_ids, m.block_indices, m.canvas_lens,
-                                               (True, True), m.tag_base), allocs)
     # Layer 0's K of the first request lands in its buffer while the sender is still in its forward.
     first = waiter.pending[0].buffers[0]
     deadline = time.monotonic() + 20
@@ -117,9 +118,14 @@ def _receiver(model_path, from_send, to_send, scenario):
         assert [t.ok for t in done] == [False, False]
         return
     for t in done:
-        install_staging(core.pool, t)
+        receiver.received(t)
         got = _kv_of(core.pool, core.pool._owner[receiving_owner(t.request_id, 0)], LENGTHS[t.request_id])
         assert torch.equal(got, torch.from_numpy(sent[t.request_id])), t.request_id
+    # InstallKV: the blocks become decodable, on the pages the KV arrived in.
+    for rid in LENGTHS:
+        receiver.install(dataclasses.replace(_block(rid, core.args, None), handoff=False, step_offset=1))
+    assert not receiver.arrivals and sorted(core.ready) == ["a", "b"] and core.step()
+    core.pool.check_integrity()
 
 
 def _rank(rank, port, model_path, q01, q10, scenario, errors):

@@ -19,13 +19,17 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from ..messages import KVSent, ReceiveKV
+from ..messages import KVSent, ReceiveKV, SubmitBlock
 from ..model.attention import LayerKV
 from .kv_pool import KVPool, PageAlloc
+
+if TYPE_CHECKING:
+    from .core import WorkerCore
 
 TAG_SPACE = 1 << 30          # gloo tags are 32-bit; tag bases wrap inside this
 
@@ -248,6 +252,67 @@ def install_staging(pool: KVPool, t: Transfer) -> None:
     for layer, kv in zip(pool.layers, t.staging):
         layer.k[idx] = kv[0]
         layer.v[idx] = kv[1]
+
+
+@dataclass(slots=True)
+class _Arrival:
+    done: bool = False                   # the data is in
+    block: SubmitBlock | None = None     # InstallKV: the block to decode
+    aborted: bool = False
+
+
+class KVReceiver:
+    """The receiving end on a decode worker: per (request, block), reserved pages until both the
+    data (transfer done) and the block (InstallKV) are in; an Abort frees them once the data is
+    in. Refused (no pages) and dropped (request ended) transfers reserve nothing."""
+
+    def __init__(self, core: WorkerCore, waiter: Waiter) -> None:
+        self.core, self.waiter = core, waiter
+        self.arrivals: dict[tuple[str, int], _Arrival] = {}
+
+    def post(self, msg: ReceiveKV) -> None:
+        allocs = []
+        for rid, block, length, keep in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, msg.keep):
+            alloc = self.core.reserve_received(rid, block, length) if keep else None
+            allocs.append(alloc)
+            if alloc is not None:
+                self.arrivals[(rid, block)] = _Arrival()
+        post_receives(self.core.pool, self.waiter, msg, allocs)
+
+    def received(self, t: Transfer) -> None:
+        a = self.arrivals.get((t.request_id, t.block_index))
+        if a is None:
+            return
+        a.done = True
+        install_staging(self.core.pool, t)
+        if a.aborted:
+            self._drop(t.request_id, t.block_index)
+        elif a.block is not None:
+            self._install(a.block)
+
+    def install(self, block: SubmitBlock) -> None:
+        a = self.arrivals.get((block.request_id, block.block_index))
+        if a is None:                 # refused (the engine knows) or aborted meanwhile
+            return
+        a.block = block
+        if a.done:
+            self._install(block)
+
+    def abort(self, request_id: str) -> None:
+        for key in [k for k in self.arrivals if k[0] == request_id]:
+            if self.arrivals[key].done:
+                self._drop(*key)
+            else:
+                self.arrivals[key].aborted = True     # the pages stay until the peer's data is in
+
+    def _install(self, block: SubmitBlock) -> None:
+        del self.arrivals[(block.request_id, block.block_index)]
+        if not self.core.install_received(block):
+            self.core.pool.free(receiving_owner(block.request_id, block.block_index))
+
+    def _drop(self, request_id: str, block_index: int) -> None:
+        del self.arrivals[(request_id, block_index)]
+        self.core.pool.free(receiving_owner(request_id, block_index))
 
 
 def connect_peers(rank: int, peers: list[int], device: torch.device) -> None:

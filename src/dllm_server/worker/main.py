@@ -18,8 +18,7 @@ from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, InstallKV, Rec
                         SubmitBlock, WorkerFailed, WorkerReady)
 from ..model.loader import load_model
 from .core import WorkerCore
-from .kv_transfer import KVSender, Transfer, Waiter, connect_peers, install_staging, post_receives, receiving_owner, \
-    sending_owner
+from .kv_transfer import KVReceiver, KVSender, Waiter, connect_peers, sending_owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +64,7 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
         core.sender = KVSender(spec.worker_id, core.pool, waiter)
         core.emit = outbox.put
     outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, args, os.getpid())])
-    incoming = _Incoming(core)
+    incoming = KVReceiver(core, waiter)
     iterations = 0
     parent = os.getppid()
     continuing = 0          # blocks that ended last iteration with more blocks to come
@@ -94,7 +93,7 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
                 else:
                     outbox.put(sent)            # before the data: the receiver posts in this order
             elif isinstance(m, ReceiveKV):
-                incoming.post(m, waiter)
+                incoming.post(m)
             elif isinstance(m, InstallKV):
                 incoming.install(m.block)
             elif isinstance(m, Shutdown):
@@ -117,60 +116,6 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
             # The turn's time covers inbox, step and building the batch; the put is the last act.
             out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start))
             outbox.put(out)
-
-
-class _Incoming:
-    """Blocks whose KV a decode worker receives: reserved pages (or a drain) until both the data
-    (transfer done) and the block (InstallKV) are in; an Abort frees them once the data is in."""
-
-    def __init__(self, core: WorkerCore) -> None:
-        self.core = core
-        self.state: dict[tuple[str, int], dict] = {}    # (request, block) -> done / ok / block / aborted
-
-    def post(self, msg: ReceiveKV, waiter: Waiter) -> None:
-        allocs = []
-        for rid, block, length, keep in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, msg.keep):
-            alloc = self.core.reserve_received(rid, block, length) if keep else None
-            allocs.append(alloc)
-            if alloc is not None:
-                self.state[(rid, block)] = {"done": False, "block": None, "aborted": False}
-        post_receives(self.core.pool, waiter, msg, allocs)
-
-    def received(self, t: Transfer) -> None:
-        st = self.state.get((t.request_id, t.block_index))
-        if st is None:               # refused or dropped: nothing was reserved
-            return
-        st["done"] = True
-        install_staging(self.core.pool, t)
-        if st["aborted"]:
-            self._drop(t.request_id, t.block_index)
-        elif st["block"] is not None:
-            self._install(st["block"])
-
-    def install(self, block: SubmitBlock) -> None:
-        st = self.state.get((block.request_id, block.block_index))
-        if st is None:               # refused (the engine knows) or aborted meanwhile
-            return
-        st["block"] = block
-        if st["done"]:
-            self._install(block)
-
-    def abort(self, request_id: str) -> None:
-        for rid, block in [k for k in self.state if k[0] == request_id]:
-            st = self.state[(rid, block)]
-            if st["done"]:
-                self._drop(rid, block)
-            else:
-                st["aborted"] = True        # the pages stay until the peer's data is in
-
-    def _install(self, block: SubmitBlock) -> None:
-        del self.state[(block.request_id, block.block_index)]
-        if not self.core.install_received(block):
-            self.core.pool.free(receiving_owner(block.request_id, block.block_index))
-
-    def _drop(self, rid: str, block: int) -> None:
-        del self.state[(rid, block)]
-        self.core.pool.free(receiving_owner(rid, block))
 
 
 def _await_submits(inbox, expected: int, budget_s: float) -> list:
