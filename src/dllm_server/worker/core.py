@@ -58,6 +58,28 @@ class IterationStats:
     forward_s: float = 0.0
 
 
+class _ForwardTimer:
+    """Wall time of the forward on the CPU; on CUDA, device time between two events (the launch
+    returns before the kernels run), read once the step's copy to the host has synchronised."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
+
+
 @dataclass(slots=True)
 class _Waiting:
     heap: list = field(default_factory=list)   # (arrival_seq, block_index, request_id)
@@ -199,11 +221,11 @@ class WorkerCore:
             n = self.config.fail_every_n_forwards
             if n and self.num_forwards % n == 0:
                 raise RuntimeError("injected failure (fail_every_n_forwards)")
-            t0 = time.perf_counter()
+            timer = _ForwardTimer(self.runner.device)
             logits = self.runner.forward(prefill_items + decode_items,
                                          layer_done=self.sender.layer_done if streamed else None,
                                          decode_only=not prefills)
-            self.last.forward_s = time.perf_counter() - t0
+            timer.stop()
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
             out = []
@@ -214,7 +236,9 @@ class WorkerCore:
         finally:
             if streamed:
                 self.sender.close()     # a failed forward still completes the receiver's receives
-        return self._commit(batch, logits, n_prefills=len(prefills))
+        out = self._commit(batch, logits, n_prefills=len(prefills))
+        self.last.forward_s = timer.seconds()   # after the commit's device-to-host copy: no extra sync
+        return out
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         heap = self.waiting.heap
