@@ -111,3 +111,23 @@ def test_top_p_keeps_the_smallest_nucleus():
         tok, _ = unmask.propose(x.float().view(1, 1, 4), [1.0], [unmask.step_generator(2, 0, i)], [1],
                                 banned_id=3, top_p=[0.8])
         assert tok.item() in (0, 1)
+
+
+def test_chunked_proposals_equal_one_pass():
+    """Rows go through float64 in bounded chunks; the result does not depend on the chunking."""
+    from dllm_server.decoding.unmask import propose, step_generator
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(7, 5, 50, generator=g) * 4
+    temps = [0.0, 0.7, 0.0, 1.3, 0.0, 0.5, 0.0]
+    widths = [5, 4, 5, 3, 5, 5, 2]
+    top_p = [1.0, 0.9, 1.0, 1.0, 1.0, 0.5, 1.0]
+
+    def run(chunk):
+        gens = [step_generator(i, 0, 0) if t > 0 else None for i, t in enumerate(temps)]
+        return propose(logits.clone(), temps, gens, widths, 49, top_p, chunk_elements=chunk)
+
+    whole = run(1 << 25)
+    for chunk in (1, 250, 600):                  # one row, one row, two rows per chunk
+        tok, conf = run(chunk)
+        assert torch.equal(tok, whole[0]) and torch.equal(conf, whole[1])
+    assert not (whole[0] == 49).any()            # the banned (mask) id is never proposed

@@ -34,29 +34,40 @@ def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def propose(logits: torch.Tensor, temperature: list[float], generators: list[torch.Generator | None],
-            widths: list[int], banned_id: int, top_p: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            widths: list[int], banned_id: int, top_p: list[float] | None = None,
+            chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposed token and its confidence for every position.
 
     logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
     many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
     float64, after an optional top-p filter of the tempered distribution. Confidence is the
     *untempered* softmax probability of the proposal (LLaDA / Fast-dLLM). `banned_id` (the
-    mask token) can never be proposed.
+    mask token) can never be proposed. Rows go through float64 in chunks of at most
+    `chunk_elements` values (256 MiB), so memory stays bounded at any batch; per row the
+    arithmetic is the same whatever the chunking.
     """
-    x = logits.to(torch.float64)
-    x[..., banned_id] = float("-inf")
-    log_probs = torch.log_softmax(x, dim=-1)
-    tokens = x.argmax(dim=-1)
-    for b, temp in enumerate(temperature):
-        if temp > 0:
-            w = widths[b]
-            u = torch.rand((w, x.shape[-1]), generator=generators[b], dtype=torch.float64, device=x.device)
-            gumbel = -torch.log(-torch.log(u))
-            tempered = x[b, :w] / temp
-            if top_p is not None and top_p[b] < 1.0:
-                tempered = top_p_filter(tempered, top_p[b])
-            tokens[b, :w] = (tempered + gumbel).argmax(dim=-1)
-    confidence = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).exp()
+    b_total, k, v = logits.shape
+    tokens = torch.empty(b_total, k, dtype=torch.int64, device=logits.device)
+    confidence = torch.empty(b_total, k, dtype=torch.float64, device=logits.device)
+    step = max(1, chunk_elements // max(1, k * v))
+    for lo in range(0, b_total, step):
+        hi = min(b_total, lo + step)
+        x = logits[lo:hi].to(torch.float64)
+        x[..., banned_id] = float("-inf")
+        log_probs = torch.log_softmax(x, dim=-1)
+        tok = x.argmax(dim=-1)
+        for b in range(lo, hi):
+            temp = temperature[b]
+            if temp > 0:
+                w = widths[b]
+                u = torch.rand((w, v), generator=generators[b], dtype=torch.float64, device=x.device)
+                gumbel = -torch.log(-torch.log(u))
+                tempered = x[b - lo, :w] / temp
+                if top_p is not None and top_p[b] < 1.0:
+                    tempered = top_p_filter(tempered, top_p[b])
+                tok[b - lo, :w] = (tempered + gumbel).argmax(dim=-1)
+        tokens[lo:hi] = tok
+        confidence[lo:hi] = log_probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1).exp()
     return tokens, confidence
 
 
