@@ -33,6 +33,15 @@ class EngineDead(Exception):
     """Workers are down and will not come back (restart disabled)."""
 
 
+def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
+    """Workers that hand KV over (NCCL) need a GPU each: NCCL refuses two ranks on one device.
+    Colocated workers share GPUs round-robin."""
+    if placement != "colocated" and num_workers > num_gpus:
+        raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker for the NCCL KV "
+                         f"handoff ({num_workers} workers, {num_gpus} GPUs); use fewer workers, more GPUs, "
+                         f"colocated placement or --device cpu")
+
+
 def _devices(config: ServerConfig, n: int) -> list[str]:
     import torch
     want = config.device
@@ -42,6 +51,7 @@ def _devices(config: ServerConfig, n: int) -> list[str]:
         count = torch.cuda.device_count()
         if count == 0:
             raise ValueError("device: cuda was requested but no CUDA device is available")
+        check_gpu_count(config.placement, n, count)
         return [f"cuda:{i % count}" for i in range(n)]
     if want != "cpu":
         raise ValueError(f"device: must be cpu, cuda or auto, got {want!r}")
@@ -55,6 +65,7 @@ class AsyncEngine:
         read_config(self.path)            # a clear error now, not a worker traceback later
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
+        self.devices = _devices(config, len(self.roles))     # a bad device setup fails here, clearly
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
         self._arrivals = itertools.count()
@@ -68,7 +79,7 @@ class AsyncEngine:
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
         self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send)
-        self.pool = WorkerPool(self.config, str(self.path), self.roles, _devices(self.config, len(self.roles)),
+        self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
                                loop, self.scheduler.on_messages, self._on_death)
         self.pool.start_all()
         ready = asyncio.ensure_future(self.scheduler.ready_event.wait())
