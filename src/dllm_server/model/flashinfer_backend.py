@@ -55,11 +55,13 @@ class FlashInferAttention:
 
     def _plan(self, batch: AttentionBatch) -> None:
         m = paged_metadata(batch.seqs, self.page_size)
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.device)   # noqa: E731
+        host = lambda x: torch.tensor(x, dtype=torch.int32)   # noqa: E731
         h, hkv, d = self.shape
-        self.wrapper.plan(i32(m.qo_indptr), i32(m.kv_indptr), i32(m.page_ids), i32(m.last_page_len),
-                          h, hkv, d, self.page_size, causal=batch.causal, q_data_type=self.dtype,
-                          kv_data_type=self.dtype)
+        # The indptrs and last-page lengths on the host (the planner schedules from them without
+        # reading the device, as vLLM passes them); the page ids go to the device.
+        self.wrapper.plan(host(m.qo_indptr), host(m.kv_indptr), host(m.page_ids).to(self.device),
+                          host(m.last_page_len), h, hkv, d, self.page_size, causal=batch.causal,
+                          q_data_type=self.dtype, kv_data_type=self.dtype)
         self._planned = batch
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
