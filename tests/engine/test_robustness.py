@@ -113,3 +113,27 @@ async def test_without_restart_the_engine_is_dead(engine_config):
         assert engine.dead
         with pytest.raises(EngineDead):
             await engine.run({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=8))
+
+
+async def test_kill_9_of_the_decode_worker_mid_handoffs(engine_config):
+    """Disaggregated: the decode worker dies while KV streams to it. Nothing hangs (the prefill
+    worker's sends go with the restarted process group), then the engine serves again."""
+    async with running(engine_config.replace(placement="disaggregated", num_workers=1)) as engine:
+        params = SamplingParams(max_tokens=96, ignore_eos=True, steps=96)
+        tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3] * 20}, params)) for i in range(30)]
+        await asyncio.sleep(1.5)
+        assert engine.scheduler.counters.kv_handoffs > 0
+        os.kill(engine.pool.pid(1), signal.SIGKILL)
+        done, pending = await asyncio.wait(tasks, timeout=60)
+        assert not pending, f"{len(pending)} requests hung"
+        outs = [t.result() for t in tasks]
+        assert {o.finish_reason for o in outs} <= {"length", "error"}
+        assert any("worker 1 died" in (o.error or "") for o in outs)
+        deadline = time.monotonic() + 60
+        while not engine.is_healthy and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert engine.is_healthy
+        more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=40))
+                                      for i in range(10)])
+        assert all(o.finish_reason in ("stop", "length") for o in more)
+        assert engine.scheduler.counters.kv_handoffs > 0
