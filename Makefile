@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) bench/decoding.py
 	$(PY) bench/scheduler.py
 	$(PY) bench/http_vs_offline.py --threads 1
+	$(PY) bench/handoff.py
 
 bench-smoke: $(STAMP)
 	$(PY) bench/smoke.py
