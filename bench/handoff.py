@@ -11,47 +11,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
-import time
 
-from dllm_server import SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.embedded import embedded_model_path
+
+from common import poisson_workload, replay
 
 MODES = ("after_prefill", "layerwise")
 
 
 def workload(n: int, rate: float, seed: int):
-    rng = random.Random(seed)
-    t, reqs = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        prompt = [rng.randrange(1, 250) for _ in range(rng.choice([96, 224, 480]))]
-        reqs.append((t, {"prompt_token_ids": prompt}, SamplingParams(max_tokens=rng.choice([64, 96]),
-                                                                   ignore_eos=True, seed=i)))
-    return reqs
+    return poisson_workload(n, rate, seed, prompt_lens=(96, 224, 480), answer_lens=(64, 96))
 
 
 async def run(config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
-    latencies, start = [], time.monotonic()
-
-    async def one(at, prompt, params):
-        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-        t0 = time.monotonic()
-        out = await engine.run(prompt, params)
-        latencies.append(time.monotonic() - t0)
-        return len(out.token_ids)
-
-    tokens = await asyncio.gather(*[one(*r) for r in reqs])
-    wall = time.monotonic() - start
+    latencies, outs, wall = await replay(engine, reqs)
     c = engine.scheduler.counters
     await engine.shutdown(0)
     return {"handoffs": c.kv_handoffs, "stall_ms": 1e3 * c.kv_handoff_stall_seconds / max(1, c.kv_handoffs),
-            "mb": c.kv_transfer_bytes / 2**20, "failed": c.kv_transfers_failed, "tok_s": sum(tokens) / wall,
+            "mb": c.kv_transfer_bytes / 2**20, "failed": c.kv_transfers_failed,
+            "tok_s": sum(len(o.token_ids) for o in outs) / wall,
             "mean": statistics.mean(latencies), "p50": statistics.median(latencies),
             "p99": statistics.quantiles(latencies, n=100)[98]}
 

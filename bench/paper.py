@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import sys
 import time
@@ -23,10 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server import SamplingParams  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
+from common import poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
 
 MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
     "decode-heavy": ([24, 48, 64], [96, 128, 160]),
@@ -36,35 +35,19 @@ MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
 
 def workload(mix: str, n: int, rate: float, seed: int):
     prompts, answers = MIXES[mix]
-    rng = random.Random(seed)
-    t, reqs = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        prompt = [rng.randrange(32, 127) for _ in range(rng.choice(prompts))]   # printable bytes
-        reqs.append((t, {"prompt_token_ids": prompt},
-                     SamplingParams(max_tokens=rng.choice(answers), ignore_eos=True, seed=i)))
-    return reqs
+    return poisson_workload(n, rate, seed, prompts, answers, token_range=(32, 127))   # printable bytes
 
 
 async def measure(config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
-    lat, start = [], time.monotonic()
-
-    async def one(at, prompt, params):
-        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-        t0 = time.monotonic()
-        out = await engine.run(prompt, params)
-        lat.append(time.monotonic() - t0)
-        return len(out.token_ids), out.stats.num_forwards
-
-    res = await asyncio.gather(*[one(*r) for r in reqs])
-    wall = time.monotonic() - start
+    lat, outs, wall = await replay(engine, reqs)
     trace = [r for _, r in engine.scheduler.trace]
     await engine.shutdown(0)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
+    tokens = sum(len(o.token_ids) for o in outs)
     return {"mean": statistics.mean(lat), "p50": statistics.median(lat), "p99": q[98], "wall": wall,
-            "tok_s": sum(r[0] for r in res) / wall, "tpf": sum(r[0] for r in res) / max(1, sum(r[1] for r in res)),
+            "tok_s": tokens / wall, "tpf": tokens / max(1, sum(o.stats.num_forwards for o in outs)),
             "trace": trace}
 
 

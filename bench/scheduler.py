@@ -11,16 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from dllm_server import SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.tiny import make_tiny_model
+
+from common import poisson_workload, replay
 
 
 def rss_mb(pid: int) -> float:
@@ -31,14 +31,7 @@ def rss_mb(pid: int) -> float:
 
 
 def workload(n: int, rate: float, seed: int):
-    rng = random.Random(seed)
-    t, reqs = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        prompt = [rng.randrange(1, 250) for _ in range(rng.choice([32, 96, 224]))]
-        reqs.append((t, {"prompt_token_ids": prompt}, SamplingParams(max_tokens=rng.choice([32, 64, 96]),
-                                                                   ignore_eos=True, seed=i)))
-    return reqs
+    return poisson_workload(n, rate, seed, prompt_lens=(32, 96, 224), answer_lens=(32, 64, 96))
 
 
 async def run_config(name: str, config: ServerConfig, reqs) -> dict:
@@ -47,15 +40,6 @@ async def run_config(name: str, config: ServerConfig, reqs) -> dict:
     pid = engine.pool.pid(0)
     idle_rss = rss_mb(pid)
     peak_rss = idle_rss
-    latencies = []
-    start = time.monotonic()
-
-    async def one(at, prompt, params):
-        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-        t0 = time.monotonic()
-        out = await engine.run(prompt, params)
-        latencies.append(time.monotonic() - t0)
-        return len(out.token_ids)
 
     async def sample_rss():
         nonlocal peak_rss
@@ -64,8 +48,8 @@ async def run_config(name: str, config: ServerConfig, reqs) -> dict:
             await asyncio.sleep(0.2)
 
     sampler = asyncio.ensure_future(sample_rss())
-    tokens = await asyncio.gather(*[one(*r) for r in reqs])
-    wall = time.monotonic() - start
+    latencies, outs, wall = await replay(engine, reqs)
+    tokens = [len(o.token_ids) for o in outs]
     sampler.cancel()
     trace = [r for _, r in engine.scheduler.trace]
     await engine.shutdown(0)
