@@ -60,27 +60,46 @@ def _outcome(lo, hi, history, tolerance) -> dict:
             "tolerance": tolerance, "history": history}
 
 
+class _Driver:
+    """Runs `_search` over measured results: `rate` is the next rate to measure (None when done)."""
+
+    def __init__(self, slo_check, start_rate, tolerance, max_rate, min_rate, max_steps):
+        self.slo_check, self.tolerance = slo_check, tolerance
+        self._gen = _search(start_rate, tolerance, max_rate, min_rate or start_rate / 64, max_steps)
+        self.history: list[dict] = []
+        self._bounds = (None, None)
+        self.rate = self._advance(None)
+
+    def _advance(self, ok):
+        try:
+            return next(self._gen) if ok is None else self._gen.send(ok)
+        except StopIteration as stop:
+            self._bounds = stop.value
+            return None
+
+    def record(self, result) -> None:
+        ok = bool(self.slo_check(result))
+        self.history.append({"rate": self.rate, "ok": ok, "result": result})
+        self.rate = self._advance(ok)
+
+    def outcome(self) -> dict:
+        return _outcome(*self._bounds, self.history, self.tolerance)
+
+
 def find_capacity_sync(measure: Callable[[float], dict], slo_check: Callable[[Any], bool],
                        start_rate: float = 1.0, tolerance: float = 0.025,
                        max_rate: float | None = None, min_rate: float | None = None,
                        max_steps: int = 40) -> dict:
     """Capacity search for a synchronous ``measure``; see the module docstring."""
-    gen = _search(start_rate, tolerance, max_rate, min_rate or start_rate / 64, max_steps)
-    history: list[dict] = []
-    try:
-        rate = next(gen)
-        while True:
-            result = measure(rate)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()
-                raise TypeError("measure returned an awaitable: use `await find_capacity(...)`")
-            ok = bool(slo_check(result))
-            history.append({"rate": rate, "ok": ok, "result": result})
-            rate = gen.send(ok)
-    except StopIteration as stop:
-        lo, hi = stop.value
-    return _outcome(lo, hi, history, tolerance)
+    d = _Driver(slo_check, start_rate, tolerance, max_rate, min_rate, max_steps)
+    while d.rate is not None:
+        result = measure(d.rate)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError("measure returned an awaitable: use `await find_capacity(...)`")
+        d.record(result)
+    return d.outcome()
 
 
 async def find_capacity(measure: Measure, slo_check: Callable[[Any], bool],
@@ -92,17 +111,8 @@ async def find_capacity(measure: Measure, slo_check: Callable[[Any], bool],
     Returns {"capacity", "lower", "upper", "bracketed", "converged", "tolerance", "history"},
     where history lists every {"rate", "ok", "result"} in the order measured.
     """
-    gen = _search(start_rate, tolerance, max_rate, min_rate or start_rate / 64, max_steps)
-    history: list[dict] = []
-    try:
-        rate = next(gen)
-        while True:
-            result = measure(rate)
-            if inspect.isawaitable(result):
-                result = await result
-            ok = bool(slo_check(result))
-            history.append({"rate": rate, "ok": ok, "result": result})
-            rate = gen.send(ok)
-    except StopIteration as stop:
-        lo, hi = stop.value
-    return _outcome(lo, hi, history, tolerance)
+    d = _Driver(slo_check, start_rate, tolerance, max_rate, min_rate, max_steps)
+    while d.rate is not None:
+        result = measure(d.rate)
+        d.record(await result if inspect.isawaitable(result) else result)
+    return d.outcome()

@@ -44,14 +44,7 @@ def plot_latency_vs_rate(results: list[dict], path: str | Path, title: str = "")
     ax.set_ylabel("completed req/s")
     ax.grid(alpha=0.3)
     ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, title)
 
 
 def plot_latency_cdf(results: list[dict], path: str | Path, title: str = "") -> Path:
@@ -71,6 +64,10 @@ def plot_latency_cdf(results: list[dict], path: str | Path, title: str = "") -> 
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
+    return _save(plt, fig, path, title)
+
+
+def _save(plt, fig, path: str | Path, title: str) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
