@@ -23,6 +23,7 @@ import torch
 
 from gpu_parts import Shapes, build_model, canvas, compare, median, time_ms
 from dllm_server.model.attention import AttentionBatch, PaddedBatch, SeqSpan, padded_attention, sdpa_attention
+from dllm_server.worker.cuda_graph import padded_metadata
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
@@ -94,7 +95,7 @@ def flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh: Shapes, page_size: i
         for i, (kv, pos, qn) in enumerate(specs):
             al = pool.allocate(f"s{i}", kv)
             ids = None if al.slot_ids is None else al.slot_ids.to(device)
-            seqs.append(SeqSpan(q0, qn, pos, kv, al.slot_base, ids))
+            seqs.append(SeqSpan(q0, qn, pos, kv, al.slot_base, ids, al.pages))
             page_ids += al.pages
             indptr.append(len(page_ids))
             last.append(kv - (len(al.pages) - 1) * page_size)
@@ -139,17 +140,16 @@ def flashinfer_vs_sdpa(flashinfer, args, device, dtype, sh: Shapes, page_size: i
 
 
 def padded_batch(seqs: list[SeqSpan], pool: KVPool, device) -> PaddedBatch:
-    """The graph path's metadata for equal-q_len sequences, keys padded to the longest."""
-    keys = max(s.kv_len for s in seqs)
-    slots = [torch.arange(s.slot_base, s.slot_base + s.kv_len, device=device) if s.slot_ids is None else s.slot_ids
-             for s in seqs]
-    scratch = pool.scratch_page * pool.page_size
-    kv_slots = torch.full((len(seqs), keys), scratch, dtype=torch.int64, device=device)
-    valid = torch.zeros(len(seqs), keys, dtype=torch.bool, device=device)
-    for i, sl in enumerate(slots):
-        kv_slots[i, : sl.numel()], valid[i, : sl.numel()] = sl, True
-    write = torch.cat([sl[s.pos_start: s.pos_start + s.q_len] for s, sl in zip(seqs, slots)])
-    return PaddedBatch(len(seqs), seqs[0].q_len, write, kv_slots, valid)
+    """The graph path's metadata (cuda_graph.padded_metadata) for equal-q_len sequences with
+    host page lists, keys padded to the longest."""
+    keys, page = max(s.kv_len for s in seqs), pool.page_size
+    table = torch.full((len(seqs), -(-keys // page)), pool.scratch_page, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        table[i, : len(s.pages)] = torch.tensor(s.pages)
+    kv_len = torch.tensor([s.kv_len for s in seqs])
+    positions = torch.cat([torch.arange(s.pos_start, s.pos_start + s.q_len) for s in seqs])
+    return padded_metadata(table.to(device), kv_len.to(device), positions.to(device),
+                           torch.arange(keys, device=device), page, seqs[0].q_len)
 
 
 def backend_check(cfg: dict, device, dtype, sh: Shapes, page_size: int, batch: int, seed: int,

@@ -117,7 +117,7 @@ def test_flashinfer_phase_helpers_on_cpu():
     assert allocs[2].slot_ids is not None
     seqs, q0 = [], 0
     for al, (kv, pos) in zip(allocs, [(30, 10), (21, 5), (9, 0)]):
-        seqs.append(SeqSpan(q0, 4, pos, kv, al.slot_base, al.slot_ids))
+        seqs.append(SeqSpan(q0, 4, pos, kv, al.slot_base, al.slot_ids, al.pages))
         q0 += 4
     q, k, v = torch.randn(q0, 4, 8), torch.randn(q0, 2, 8), torch.randn(q0, 2, 8)
     want = sdpa_attention(q, k, v, pool.layers[0], AttentionBatch(seqs))

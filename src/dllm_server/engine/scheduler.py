@@ -308,19 +308,17 @@ class Scheduler:
 
     def _relay(self, msg: KVSent) -> None:
         """The sender's group, in its order, to the receiver; ended requests are drained there."""
-        keep = []
+        kept = []                                # (entry, handoff) per item; None: drained there
         for rid, block in zip(msg.request_ids, msg.block_indices):
-            _, h = self._current(rid, block)
-            keep.append(h is not None and h.dst == msg.dst_worker)
+            entry, h = self._current(rid, block)
+            kept.append((entry, h) if h is not None and h.dst == msg.dst_worker else None)
         if self.workers[msg.dst_worker].alive:
             self.send(msg.dst_worker, ReceiveKV(msg.src_worker, msg.request_ids, msg.block_indices,
-                                                msg.canvas_lens, tuple(keep), msg.tag_base))
-        for rid, block, kept in zip(msg.request_ids, msg.block_indices, keep):
-            entry, h = self._current(rid, block)
-            if kept:
-                h.relayed = True
-                if h.steps is not None:
-                    self._install(entry)
+                                                msg.canvas_lens, tuple(k is not None for k in kept), msg.tag_base))
+        for entry, h in filter(None, kept):
+            h.relayed = True
+            if h.steps is not None:
+                self._install(entry)
 
     def _install(self, entry: Entry) -> None:
         h = entry.handoff

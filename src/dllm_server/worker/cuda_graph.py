@@ -26,6 +26,17 @@ def pow2_at_least(n: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, n - 1).bit_length())
 
 
+def padded_metadata(page_table: torch.Tensor, kv_len: torch.Tensor, positions: torch.Tensor,
+                    key_pos: torch.Tensor, page_size: int, width: int) -> PaddedBatch:
+    """Device-side attention metadata of a padded decode batch: every key's slot from the page
+    table, the key mask from the canvas lengths, every fed token's slot from its position."""
+    kv_slots = page_table[:, key_pos // page_size] * page_size + key_pos % page_size
+    kv_valid = key_pos.unsqueeze(0) < kv_len.unsqueeze(1)
+    fed = positions.view(-1, width)
+    write_slots = (torch.gather(page_table, 1, fed // page_size) * page_size + fed % page_size).view(-1)
+    return PaddedBatch(page_table.shape[0], width, write_slots, kv_slots, kv_valid)
+
+
 @dataclass(slots=True)
 class _Shape:
     batch: int
@@ -104,12 +115,7 @@ class DecodeGraphs:
 
     def _forward(self, s: _Shape) -> torch.Tensor:
         """What the graph records: metadata from the inputs, then the model."""
-        page = self.pool.page_size
-        kv_slots = s.page_table[:, s.key_pos // page] * page + s.key_pos % page
-        kv_valid = s.key_pos.unsqueeze(0) < s.kv_len.unsqueeze(1)
-        fed = s.positions.view(s.batch, s.width)
-        write_slots = (torch.gather(s.page_table, 1, fed // page) * page + fed % page).view(-1)
-        batch = PaddedBatch(s.batch, s.width, write_slots, kv_slots, kv_valid)
+        batch = padded_metadata(s.page_table, s.kv_len, s.positions, s.key_pos, self.pool.page_size, s.width)
         logits = self.model(s.ids, s.positions, batch, self.pool.layers, s.rows)
         return logits[:, : self.args.vocab_size].float()
 
