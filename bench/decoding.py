@@ -1,5 +1,7 @@
 """Decoding benchmark (offline engine): batch-1 latency and tokens per forward for the three cache
-modes, and the cost of one cached block step against a full-canvas forward, measured in one run.
+modes, and the cost of one cached block step against a full-canvas forward, measured in one run;
+the dual step also through the fixed-shape path that CUDA workers replay as graphs (run eagerly
+here unless the model is on CUDA).
 
     python bench/decoding.py [--model DIR] [--prompt-len 256] [--max-tokens 128]
 """
@@ -16,7 +18,8 @@ import torch
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model.tiny import make_tiny_model
-from dllm_server.worker.runner import ForwardItem, fed_range
+from dllm_server.worker.cuda_graph import DecodeGraphs
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
 
 def median_time(fn, repeats: int) -> float:
@@ -65,11 +68,15 @@ def main() -> None:
 
     # One block step vs a full forward over the same canvas, batch 1 and 16.
     core = llm.core
+    dev = core.pool.device
+    fixed = ModelRunner(core.runner.model, llm.args, core.pool, dev,
+                        decode_graphs=DecodeGraphs(core.runner.model, llm.args, core.pool, dev, 16,
+                                                   capture=dev.type == "cuda"))
     canvas_len = args.prompt_len + args.max_tokens
     print()
     print(f"| batch | full forward {canvas_len} tok (ms) | prefix step (ms) | dual step {args.block_length} tok (ms) "
-          f"| full / dual |")
-    print("|---|---|---|---|---|")
+          f"| full / dual | dual step, fixed-shape path (ms) |")
+    print("|---|---|---|---|---|---|")
     for batch in (1, 16):
         items = {m: [] for m in ("full", "prefix", "dual")}
         for b in range(batch):
@@ -83,7 +90,10 @@ def main() -> None:
                 lo, hi = fed_range(m, False, s, e, canvas_len, llm.args.logit_shift)
                 items[m].append(ForwardItem(canvas, alloc, lo, hi, s, e))
         ms = {m: 1000 * median_time(lambda: core.runner.forward(items[m]), 5) for m in items}
-        print(f"| {batch} | {ms['full']:.1f} | {ms['prefix']:.1f} | {ms['dual']:.1f} | {ms['full'] / ms['dual']:.1f}x |")
+        fixed.forward(items["dual"], decode_only=True)                    # builds (or captures) the shape
+        ms["fixed"] = 1000 * median_time(lambda: fixed.forward(items["dual"], decode_only=True), 5)
+        print(f"| {batch} | {ms['full']:.1f} | {ms['prefix']:.1f} | {ms['dual']:.1f} | {ms['full'] / ms['dual']:.1f}x "
+              f"| {ms['fixed']:.1f} |")
         for b in range(batch):
             core.pool.free(f"bench{b}")
     print()
