@@ -20,7 +20,7 @@ from ..config import ServerConfig
 from ..decoding import unmask
 from ..decoding.canvas import num_blocks, steps_per_block, transfer_counts
 from ..decoding.stop import is_final
-from ..messages import Abort, BlockDone, KVSent, LoadReport, PrefillDone, RequestFailed, StepDelta, SubmitBlock
+from ..messages import Abort, BlockDone, LoadReport, PrefillDone, RequestFailed, StepDelta, SubmitBlock
 from ..model.args import ModelArgs
 from .admission import PrefillCandidate, admit, seat_decodes
 from .cuda_graph import DecodeGraphs
@@ -141,13 +141,15 @@ class WorkerCore:
                          torch.tensor(msg.stop_token_ids, dtype=torch.int64), schedule, step=msg.step_offset)
 
     # ---- KV handoff (disaggregated placement) ----
-    def send_held(self, request_id: str, dst: int) -> list[KVSent] | None:
-        """HandoffKV: send a block held after its handoff prefill; None if none is held."""
+    def send_held(self, request_id: str, dst: int) -> bool:
+        """HandoffKV: send a block held after its handoff prefill (its KVSent goes out at once, like
+        a streamed group's); False if none is held."""
         t = self.tasks.get(request_id)
         if t is None or t.alloc is None or self.sender is None:
-            return None
+            return False
         del self.tasks[request_id]
-        return self.sender.send_now([SendItem(request_id, t.msg.block_index, t.alloc, t.canvas.numel(), dst)])
+        self.emit(self.sender.send_now([SendItem(request_id, t.msg.block_index, t.alloc, t.canvas.numel(), dst)]))
+        return True
 
     def reserve_received(self, request_id: str, block_index: int, length: int) -> PageAlloc | None:
         """Pages for a block whose KV is about to arrive; None when they are short (refuse)."""

@@ -61,7 +61,6 @@ class Transfer:
     peer: int
     is_sender: bool
     ok: bool                       # receiver: it had pages (otherwise the data was drained)
-    keep: bool                     # receiver: the request still wants this KV
     num_bytes: int
     started_at: float
     works: list = field(default_factory=list)
@@ -170,7 +169,7 @@ class KVSender:
             transfers = []
             for it in group:
                 self.pool.rename(it.request_id, sending_owner(it.request_id, it.block_index))
-                transfers.append(Transfer(it.request_id, it.block_index, dst, True, True, True,
+                transfers.append(Transfer(it.request_id, it.block_index, dst, True, True,
                                           kv_bytes(self.pool, it.length), now))
             self._groups.append(_Group(dst, base, group, transfers))
             msgs.append(KVSent(self.worker_id, dst, tuple(i.request_id for i in group),
@@ -218,10 +217,8 @@ def post_receives(pool: KVPool, waiter: Waiter, msg: ReceiveKV, allocs: list[Pag
     layers, n = len(pool.layers), len(msg.request_ids)
     now = time.perf_counter()
     transfers, dests = [], []
-    for rid, block, length, keep, alloc in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, msg.keep,
-                                               allocs):
-        t = Transfer(rid, block, msg.src_worker, False, alloc is not None, keep, kv_bytes(pool, length), now,
-                     alloc=alloc)
+    for rid, block, length, alloc in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, allocs):
+        t = Transfer(rid, block, msg.src_worker, False, alloc is not None, kv_bytes(pool, length), now, alloc=alloc)
         shape = (length, k0.shape[1], k0.shape[2])
         if alloc is not None and alloc.slot_ids is None:
             lo = alloc.slot_base

@@ -87,11 +87,8 @@ def _run(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
                 core.abort(m)
                 incoming.abort(m.request_id)
             elif isinstance(m, HandoffKV):
-                sent = core.send_held(m.request_id, m.dst_worker)
-                if sent is None:   # never expected: the engine hands off only held blocks
+                if not core.send_held(m.request_id, m.dst_worker):   # never expected: only held blocks
                     out.append(RequestFailed(m.request_id, "handoff of a block this worker does not hold"))
-                else:
-                    outbox.put(sent)            # before the data: the receiver posts in this order
             elif isinstance(m, ReceiveKV):
                 incoming.post(m)
             elif isinstance(m, InstallKV):
