@@ -99,17 +99,18 @@ class DecodeGraphs:
         return s.logits[: n * s.block].view(n, s.block, -1)
 
     def _fill(self, s: _Shape, items) -> None:
-        page = self.pool.page_size
-        ids = torch.zeros(s.batch, s.width, dtype=torch.int64)
-        pos = torch.zeros(s.batch, s.width, dtype=torch.int64)
-        table = torch.full((s.batch, -(-s.keys // page)), self.pool.scratch_page, dtype=torch.int64)
-        kv_len = torch.ones(s.batch, dtype=torch.int64)
-        for b, it in enumerate(items):
-            ids[b] = it.canvas[it.fed_start:it.fed_end]
-            pos[b] = torch.arange(it.fed_start, it.fed_end)
-            table[b, : len(it.alloc.pages)] = torch.tensor(it.alloc.pages, dtype=torch.int64)
-            kv_len[b] = it.canvas.numel()
-        for dst, src in ((s.ids, ids.view(-1)), (s.positions, pos.view(-1)), (s.page_table, table),
+        """One host tensor per input (padding rows: the scratch page, one valid key), one copy each."""
+        pad = s.batch - len(items)
+        cols = -(-s.keys // self.pool.page_size)
+        scratch = self.pool.scratch_page
+        ids = torch.stack([it.canvas[it.fed_start:it.fed_end] for it in items]
+                          + [torch.zeros(s.width, dtype=torch.int64)] * pad)
+        starts = torch.tensor([it.fed_start for it in items] + [0] * pad)
+        table = torch.tensor([it.alloc.pages + [scratch] * (cols - len(it.alloc.pages)) for it in items]
+                             + [[scratch] * cols] * pad)
+        kv_len = torch.tensor([it.canvas.numel() for it in items] + [1] * pad)
+        positions = (starts.unsqueeze(1) + torch.arange(s.width)) * (torch.arange(s.batch) < len(items)).unsqueeze(1)
+        for dst, src in ((s.ids, ids.view(-1)), (s.positions, positions.view(-1)), (s.page_table, table),
                          (s.kv_len, kv_len)):
             dst.copy_(src)
 
