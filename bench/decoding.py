@@ -69,8 +69,8 @@ def main() -> None:
     # One block step vs a full forward over the same canvas, batch 1 and 16.
     core = llm.core
     dev = core.pool.device
-    fixed = ModelRunner(core.runner.model, llm.args, core.pool, dev,
-                        decode_graphs=DecodeGraphs(core.runner.model, llm.args, core.pool, dev, 16,
+    fixed = ModelRunner(llm.runner.model, llm.args, core.pool, dev,
+                        decode_graphs=DecodeGraphs(llm.runner.model, llm.args, core.pool, dev, 16,
                                                    capture=dev.type == "cuda"))
     canvas_len = args.prompt_len + args.max_tokens
     print()
@@ -89,7 +89,7 @@ def main() -> None:
             for m in ("prefix", "dual"):
                 lo, hi = fed_range(m, False, s, e, canvas_len, llm.args.logit_shift)
                 items[m].append(ForwardItem(canvas, alloc, lo, hi, s, e))
-        ms = {m: 1000 * median_time(lambda: core.runner.forward(items[m]), 5) for m in items}
+        ms = {m: 1000 * median_time(lambda: llm.runner.forward(items[m]), 5) for m in items}
         fixed.forward(items["dual"], decode_only=True)                    # builds (or captures) the shape
         ms["fixed"] = 1000 * median_time(lambda: fixed.forward(items["dual"], decode_only=True), 5)
         print(f"| {batch} | {ms['full']:.1f} | {ms['prefix']:.1f} | {ms['dual']:.1f} | {ms['full'] / ms['dual']:.1f}x "

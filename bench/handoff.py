@@ -15,7 +15,7 @@ import statistics
 
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.model.embedded import embedded_model_path
+from dllm_server.checkpoint import embedded_model_path
 
 from common import poisson_workload, replay
 
@@ -30,7 +30,7 @@ async def run(config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
     latencies, outs, wall = await replay(engine, reqs)
-    c = engine.scheduler.counters
+    c = engine.stats().counters
     await engine.shutdown(0)
     return {"handoffs": c.kv_handoffs, "stall_ms": 1e3 * c.kv_handoff_stall_seconds / max(1, c.kv_handoffs),
             "mb": c.kv_transfer_bytes / 2**20, "failed": c.kv_transfers_failed,

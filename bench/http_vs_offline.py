@@ -7,26 +7,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import torch
 
 from dllm_server import LLM, SamplingParams
+from dllm_server.launch import serve
 from dllm_server.model.tiny import make_tiny_model
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workload(n: int, max_tokens: int, seed: int = 0):
@@ -56,19 +49,9 @@ def main() -> None:
                                              mlp=704, seed=0))
     prompts = workload(args.requests, args.max_tokens)
     flags = ["--dtype", "float32", "--threads-per-worker", str(args.threads)]
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "dllm_server.cli", "serve", path, "--port", str(port), *flags],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server = serve(path, *flags, log_path=Path(tempfile.mkdtemp()) / "server.log")
+    url = server.url
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
         torch.set_num_threads(args.threads)
         llm = LLM(path, dtype="float32")
         params = [SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
@@ -83,8 +66,7 @@ def main() -> None:
             http_wall, http_tokens = asyncio.run(run_http(url, prompts, args.max_tokens))
             rows.append((off_tokens / off_wall, http_tokens / http_wall))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        server.stop(timeout=60)
     print(f"model={path} requests={args.requests} max_tokens={args.max_tokens} threads={args.threads} "
           f"cpus={os.cpu_count()} (all requests sent at once; ignore_eos)")
     print("| round | offline output tok/s | HTTP output tok/s | HTTP / offline |")
@@ -94,6 +76,8 @@ def main() -> None:
     off = sum(r[0] for r in rows) / len(rows)
     http = sum(r[1] for r in rows) / len(rows)
     print(f"| mean | {off:.1f} | {http:.1f} | {http / off:.2f} |")
+    print("RESULT " + json.dumps({"offline_tok_s": round(off, 1), "http_tok_s": round(http, 1),
+                                  "ratio": round(http / off, 3)}))
 
 
 if __name__ == "__main__":

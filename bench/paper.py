@@ -42,7 +42,7 @@ async def measure(config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
     lat, outs, wall = await replay(engine, reqs)
-    trace = [r for _, r in engine.scheduler.trace]
+    trace = [r for _, r in engine.iteration_trace()]
     await engine.shutdown(0)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
     tokens = sum(len(o.token_ids) for o in outs)
@@ -116,7 +116,7 @@ async def exp_d(base: ServerConfig, n: int, rates: dict):
     print("\n### D. engine efficiency at saturation\n")
     engine = AsyncEngine(base)
     await engine.start()
-    a = engine.model_args
+    a = engine.model_info
     await engine.shutdown(0)
     kv_dim = a.num_kv_heads * a.head_dim
     params = a.num_layers * (2 * a.hidden * a.hidden + 2 * a.hidden * kv_dim + 3 * a.hidden * a.mlp_hidden)
@@ -153,13 +153,13 @@ def profile_decode_step(base: ServerConfig, batch: int = 32) -> None:
         canvas[:96] = 65 + b % 26
         alloc = core.pool.allocate(f"p{b}", 224)
         lo, hi = fed_range("dual", False, 96, 128, 224, a.logit_shift)
-        core.runner.forward([ForwardItem(canvas, alloc, 0, 224, 96, 128)])
+        llm.runner.forward([ForwardItem(canvas, alloc, 0, 224, 96, 128)])
         items.append(ForwardItem(canvas, alloc, lo, hi, 96, 128))
     for _ in range(3):
-        core.runner.forward(items)
+        llm.runner.forward(items)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
-            core.runner.forward(items)
+            llm.runner.forward(items)
     total = sum(e.self_cpu_time_total for e in prof.key_averages())
     print(f"\nprofile of 5 decode iterations at batch {batch} (self CPU time by op):\n")
     print("| op | share | calls |\n|---|---|---|")

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from dllm_server.launch import serve
 from dllm_server.model.tiny import make_tiny_model
 
 
@@ -27,19 +24,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = make_tiny_model(out / "tiny-llada", arch="llada", seed=0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "dllm_server.cli", "serve", str(model), "--port", str(port),
-                               "--block-length", "8"], stdout=open(out / "server.log", "w"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    server = serve(model, "--block-length", "8", log_path=out / "server.log")
+    url = server.url
     try:
-        while not _healthy(url):
-            if server.poll() is not None or time.monotonic() - t0 > 120:
-                raise SystemExit(f"server did not come up; see {out / 'server.log'}")
-            time.sleep(0.3)
         common = [sys.executable, "-m", "loadgen", "--base-url", url, "--dataset", "random", "--vocab-size", "250",
                   "--id-low", "1", "--prompt-len", "32", "--output-len", "16", "--ignore-eos", "--seed", "0",
                   "--result-dir", str(out)]
@@ -52,18 +40,11 @@ def main() -> int:
         subprocess.run([sys.executable, "bench/decoding.py", "--model", str(model), "--prompt-len", "64",
                         "--max-tokens", "32", "--block-length", "8", "--repeats", "1"], check=True)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        server.stop(timeout=60)
     results = sorted(p.name for p in out.glob("*.json")) + sorted(p.name for p in out.glob("*.png"))
     print(json.dumps({"seconds": round(time.monotonic() - t0, 1), "files": results}))
     return 0
 
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ from .run import RunConfig
 from .stats import parse_goodput
 from .workload import DATASETS, PRESETS, WorkloadOptions
 
+# The dataclasses are the one source of the defaults the flags show and use.
+RUN, WORK = RunConfig(), WorkloadOptions()
+
 
 def _rate(text: str) -> float:
     value = float(text)
@@ -35,37 +38,37 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m loadgen",
         description="Streaming load generator for OpenAI-compatible (diffusion) LLM servers.")
     g = p.add_argument_group("server")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000",
+    g.add_argument("--base-url", default=RUN.base_url,
                    help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)")
-    g.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions")
-    g.add_argument("--model", default=None, help="model name; default: first of /v1/models")
-    g.add_argument("--api-key", default=None, help="bearer key; default: $OPENAI_API_KEY")
+    g.add_argument("--endpoint", choices=sorted(ENDPOINTS), default=RUN.endpoint)
+    g.add_argument("--model", default=RUN.model, help="model name; default: first of /v1/models")
+    g.add_argument("--api-key", default=RUN.api_key, help="bearer key; default: $OPENAI_API_KEY")
     g.add_argument("--extra-body", default="{}",
                    help='JSON merged into every body, e.g. \'{"threshold":0.9,"block_length":32}\'')
     g.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    g.add_argument("--temperature", type=float, default=RUN.temperature)
+    g.add_argument("--timeout", type=float, default=RUN.timeout_s, help="per-request timeout (s)")
 
     g = p.add_argument_group("workload")
-    g.add_argument("--dataset", choices=DATASETS, default="synthetic")
-    g.add_argument("--dataset-path", default=None, help="ShareGPT-format JSON file")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="sharegpt",
+    g.add_argument("--dataset", choices=DATASETS, default=WORK.dataset)
+    g.add_argument("--dataset-path", default=WORK.dataset_path, help="ShareGPT-format JSON file")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=WORK.preset,
                    help="synthetic length preset (medians: sharegpt 795/266, arxiv 2827/162)")
-    g.add_argument("--length-scale", type=float, default=1.0,
+    g.add_argument("--length-scale", type=float, default=WORK.length_scale,
                    help="multiply preset medians, e.g. 0.1 for a small model's context")
-    g.add_argument("--spread", type=float, default=None, help="lognormal sigma for both lengths")
-    g.add_argument("--prompt-len", type=int, default=None, help="median prompt length override")
-    g.add_argument("--output-len", type=int, default=None, help="fixed output length (max_tokens)")
-    g.add_argument("--max-model-len", type=int, default=None, help="fit prompt+output into this")
+    g.add_argument("--spread", type=float, default=WORK.spread, help="lognormal sigma for both lengths")
+    g.add_argument("--prompt-len", type=int, default=WORK.prompt_len, help="median prompt length override")
+    g.add_argument("--output-len", type=int, default=WORK.output_len, help="fixed output length (max_tokens)")
+    g.add_argument("--max-model-len", type=int, default=WORK.max_model_len, help="fit prompt+output into this")
     g.add_argument("--random-ids", action="store_true", help="send prompts as random token ids")
-    g.add_argument("--vocab-size", type=int, default=32000, help="random ids are < this")
-    g.add_argument("--id-low", type=int, default=0, help="random ids are >= this")
-    g.add_argument("--short-fraction", type=float, default=0.25,
+    g.add_argument("--vocab-size", type=int, default=WORK.vocab_size, help="random ids are < this")
+    g.add_argument("--id-low", type=int, default=WORK.id_low, help="random ids are >= this")
+    g.add_argument("--short-fraction", type=float, default=WORK.short_fraction,
                    help="arxiv-mix: share of short questions among the summaries")
     g.add_argument("--tokenizer", default=None,
                    help="tokenizer.json or HF folder for prompt building and client-side counts")
     g.add_argument("--num-prompts", type=int, default=100)
-    g.add_argument("--num-warmups", type=int, default=0, help="warm-up requests, not reported")
+    g.add_argument("--num-warmups", type=int, default=RUN.num_warmups, help="warm-up requests, not reported")
     g.add_argument("--seed", type=int, default=0)
 
     g = p.add_argument_group("arrivals")
@@ -74,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--arrival", choices=ARRIVAL_KINDS, default=None,
                    help="default: poisson, or gamma when --burstiness != 1")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (<1 burstier)")
-    g.add_argument("--max-concurrency", type=int, default=None, help="closed-loop cap")
+    g.add_argument("--max-concurrency", type=int, default=RUN.max_concurrency, help="closed-loop cap")
     g.add_argument("--trace", default=None, help="JSONL replay: timestamp, prompt|prompt_len, "
                                                  "output_len")
     g.add_argument("--trace-speed", type=float, default=1.0, help="replay speed-up factor")

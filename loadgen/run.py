@@ -11,6 +11,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable, TypeVar
 
 import httpx
 
@@ -20,6 +21,8 @@ from .report import build_result
 from .stats import summarize
 from .tokens import TokenCounter
 from .workload import RequestSpec
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -90,15 +93,23 @@ async def execute(client: httpx.AsyncClient, cfg: RunConfig, model: str | None,
         prog.advance(task_id)
         return res
 
-    tasks = []
     with prog:
-        for i, (spec, off) in enumerate(zip(specs, offsets)):
-            delay = t0 + float(off) - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, spec, off)))
-        results = list(await asyncio.gather(*tasks))
+        results = await open_loop(offsets, lambda i: one(i, specs[i], offsets[i]), t0)
     return results, time.perf_counter() - t0
+
+
+async def open_loop(offsets, one: Callable[[int], Awaitable[T]], t0: float | None = None) -> list[T]:
+    """Start ``one(i)`` at ``t0 + offsets[i]`` (perf_counter seconds) whatever earlier requests are
+    doing (open loop); returns the results in request order. Shared with the in-process engine
+    benchmarks (bench/common.py)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    tasks = []
+    for i, off in enumerate(offsets):
+        delay = t0 + float(off) - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    return list(await asyncio.gather(*tasks))
 
 
 async def benchmark(cfg: RunConfig, specs: list[RequestSpec], offsets,

@@ -57,7 +57,7 @@ def main() -> None:
         for p, o in zip(PROMPTS, outs):
             samples.append((temp, seed, p, o.text, o.finish_reason, o.stats.num_forwards,
                             o.stats.num_committed / max(1, o.stats.num_forwards)))
-    params = sum(t.numel() for t in llm.core.runner.model.parameters())
+    params = sum(t.numel() for t in llm.llm.runner.model.parameters())
     size_mb = (ASSET / "model.safetensors").stat().st_size / 2**20
     lines = [
         "# dllm-server demo model (a demonstration model, not a useful assistant)",

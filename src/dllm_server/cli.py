@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import sys
 import typing
 
 from .config import ServerConfig, config_fields
+from .decoding.params import SamplingParams
 
 
 def _field_type(f: dataclasses.Field):
@@ -71,23 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("model", nargs="?", default=argparse.SUPPRESS, help="HF checkpoint folder")
     gen.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     gen.add_argument("--chat", action="store_true", help="apply the chat template")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", dest="request_seed", type=int, default=None)
+    sampling = SamplingParams()
+    for name, kind in (("max_tokens", int), ("temperature", float), ("top_p", float), ("steps", int)):
+        gen.add_argument("--" + name.replace("_", "-"), type=kind, default=argparse.SUPPRESS,
+                         help=f"request sampling field (default: {getattr(sampling, name)})")
+    gen.add_argument("--seed", dest="request_seed", type=int, default=argparse.SUPPRESS,
+                     help="request seed (default: derived from the server seed and arrival order)")
     add_config_flags(gen, skip=("model", "seed"))
 
-    tiny = sub.add_parser("make-tiny-model", help="write a seeded random checkpoint in the HF layout")
+    from .model.tiny import make_tiny_model       # its signature is the one source of these defaults
+    tiny = sub.add_parser("make-tiny-model", help="write a seeded random checkpoint in the HF layout",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     tiny.add_argument("out")
-    tiny.add_argument("--arch", choices=("llada", "dream"), default="llada")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--hidden", type=int, default=64)
-    tiny.add_argument("--layers", type=int, default=2)
-    tiny.add_argument("--heads", type=int, default=4)
-    tiny.add_argument("--kv-heads", type=int, default=None)
-    tiny.add_argument("--mlp", type=int, default=128)
-    tiny.add_argument("--max-len", type=int, default=1024)
-    tiny.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    tiny.add_argument("--shards", type=int, default=1)
+    choices = {"arch": ("llada", "dream"), "dtype": ("float32", "bfloat16", "float16")}
+    for name, param in inspect.signature(make_tiny_model).parameters.items():
+        if param.default is inspect.Parameter.empty:
+            continue
+        kind = int if name == "kv_heads" else type(param.default)
+        tiny.add_argument("--" + name.replace("_", "-"), type=kind, default=param.default, choices=choices.get(name),
+                          help=name.replace("_", " "))
     return p
 
 
@@ -103,16 +107,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run(ns: argparse.Namespace) -> int:
     if ns.command == "make-tiny-model":
         from .model.tiny import make_tiny_model
-        out = make_tiny_model(ns.out, arch=ns.arch, seed=ns.seed, hidden=ns.hidden, layers=ns.layers,
-                              heads=ns.heads, kv_heads=ns.kv_heads, mlp=ns.mlp, max_len=ns.max_len,
-                              dtype=ns.dtype, shards=ns.shards)
-        print(out)
+        names = set(inspect.signature(make_tiny_model).parameters) - {"out"}
+        print(make_tiny_model(ns.out, **{k: v for k, v in vars(ns).items() if k in names}))
         return 0
     if ns.command == "generate":
-        from . import LLM, SamplingParams
+        from . import LLM
         config = config_from_args(ns)
         llm = LLM(**dataclasses.asdict(config))
-        params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, seed=ns.request_seed)
+        given = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_p", "steps") if hasattr(ns, k)}
+        params = SamplingParams(**given, seed=getattr(ns, "request_seed", None))
         if ns.chat:
             outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
         else:

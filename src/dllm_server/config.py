@@ -24,7 +24,7 @@ class ServerConfig:
     served_model_name: str | None = _f(None, "name reported by /v1/models (default: folder name)")
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
-    device: str = _f("auto", "cpu, cuda or auto (cuda when available)")
+    device: str = _f("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
     attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; falls back to SDPA without CUDA or "
                                 "the package; not yet validated on a GPU)",
                                 choices=("sdpa", "flashinfer"))
@@ -39,6 +39,8 @@ class ServerConfig:
     token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
                                   "none = unlimited (prefill priority)")
     max_active_decodes: int = _f(64, "cap on seated in-block decodes per worker iteration")
+    credit_share: float = _f(0.125, "share of tau a waiting prefill earns per iteration even when decodes alone "
+                             "exceed tau (the starvation bound of the deficit scheduler)")
     # --- KV cache ---
     page_size: int = _f(16, "tokens per KV page")
     num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens")
@@ -53,8 +55,6 @@ class ServerConfig:
                           "after_prefill (picked and sent once the prefill step is done)",
                           choices=("layerwise", "after_prefill"))
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
-    reprefill_wait_ms: float = _f(3.0, "after a block ends, how long a worker waits for its re-prefill to "
-                                  "arrive so it joins the next iteration")
     threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers")
     # --- server ---
     host: str = _f("127.0.0.1", "bind address")
@@ -76,18 +76,15 @@ class ServerConfig:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"{name}: {why}")
 
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None and getattr(self, f.name) not in choices:
+                bad(f.name, f"must be one of {', '.join(map(str, choices))}, got {getattr(self, f.name)!r}")
         if self.block_length < 1:
             bad("block_length", f"must be >= 1, got {self.block_length}")
-        if self.cache not in CACHE_MODES:
-            bad("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
-        if self.dtype not in DTYPES:
-            bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         if not 0.0 <= self.threshold <= 1.0:
             bad("threshold", f"must be in [0, 1], got {self.threshold}")
-        if self.token_budget is not None and self.token_budget < 1:
-            bad("token_budget", f"must be >= 1 or None, got {self.token_budget}")
-        if self.max_active_decodes < 1:
-            bad("max_active_decodes", f"must be >= 1, got {self.max_active_decodes}")
+        self.worker_policy()          # token_budget, max_active_decodes, credit_share
         if self.page_size < 1:
             bad("page_size", f"must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:
@@ -98,14 +95,10 @@ class ServerConfig:
             bad("num_workers", f"must be >= 1, got {self.num_workers}")
         if self.num_prefill_workers < 1:
             bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
-        if self.kv_transfer not in ("layerwise", "after_prefill"):
-            bad("kv_transfer", f"must be layerwise or after_prefill, got {self.kv_transfer!r}")
         if self.overflow_threshold_tokens < 0:
             bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
         if not 0 < self.port < 65536:
             bad("port", f"must be in 1..65535, got {self.port}")
-        if self.reprefill_wait_ms < 0:
-            bad("reprefill_wait_ms", f"must be >= 0, got {self.reprefill_wait_ms}")
         if self.max_waiting_requests < 1:
             bad("max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests}")
         if self.shutdown_timeout_s < 0:
@@ -119,6 +112,47 @@ class ServerConfig:
 
     def replace(self, **changes) -> "ServerConfig":
         return dataclasses.replace(self, **changes)
+
+    def worker_policy(self) -> "WorkerPolicy":
+        return WorkerPolicy(self.token_budget, self.max_active_decodes, self.credit_share)
+
+    def worker_config(self) -> "WorkerConfig":
+        """What a worker needs of the config, and nothing more (no API key, no HTTP settings)."""
+        return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
+                            self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
+                            self.fail_every_n_forwards)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPolicy:
+    """A worker's scheduling knobs: the starting values come from ServerConfig; the front process
+    may change them while serving (the SetPolicy message), applied at the worker's next iteration."""
+    token_budget: int | None
+    max_active_decodes: int
+    credit_share: float
+
+    def __post_init__(self) -> None:
+        if self.token_budget is not None and (isinstance(self.token_budget, bool) or self.token_budget < 1):
+            raise ValueError(f"token_budget: must be >= 1 or None, got {self.token_budget}")
+        if isinstance(self.max_active_decodes, bool) or self.max_active_decodes < 1:
+            raise ValueError(f"max_active_decodes: must be >= 1, got {self.max_active_decodes}")
+        if not 0 < self.credit_share <= 1:
+            raise ValueError(f"credit_share: must be in (0, 1], got {self.credit_share}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """The worker's view of ServerConfig (ServerConfig.worker_config builds it)."""
+    dtype: str
+    attention_backend: str
+    enforce_eager: bool
+    block_length: int            # the default block width (CUDA graphs are captured for it)
+    cache: str
+    page_size: int
+    num_pages: int
+    policy: WorkerPolicy
+    causal: bool = False
+    fail_every_n_forwards: int = 0
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

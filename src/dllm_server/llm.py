@@ -5,7 +5,9 @@
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=64))
 
 Re-implements no decoding or admission: it feeds SubmitBlocks to the same core a worker process
-runs and assembles outputs with the same RequestState the server uses.
+runs (built by the same worker/build.py), advances requests with the same RequestState and
+engine/output.advance the server uses, and asks the same per-block decode policy. With one core
+the router always keeps a request where it is, so every block continues in place.
 """
 from __future__ import annotations
 
@@ -14,35 +16,31 @@ from typing import Any, Sequence
 
 import torch
 
+from .checkpoint import model_path, read_config
 from .config import ServerConfig
-from .decoding.params import SamplingParams, request_seed
+from .decoding.params import BlockPolicy, SamplingParams, request_seed
+from .devices import resolve_device
 from .engine.inputs import check_request, prompt_ids
 from .engine.output import advance
+from .engine.policy import DecodePolicy, FixedPolicy
 from .engine.request_state import GenerationOutput, RequestState
 from .engine.tokenize import Tokenizer, stop_token_ids
-from .messages import Abort
-from .model.embedded import model_path
-from .model.loader import load_model, read_config
-from .worker.core import WorkerCore
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+from .messages import Abort, ContinueBlock
+from .worker.build import build_core
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **config_kwargs: Any):
+    def __init__(self, model: str | None = None, policy: DecodePolicy | None = None, **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
         self.path = model_path(self.config.model)
         read_config(self.path)
-        self.device = resolve_device(self.config.device)
-        net, self.args, self.dtype = load_model(self.path, self.config.dtype, self.device)
+        self.device = torch.device(resolve_device(self.config.device))
+        self.core, self.model_info = build_core(self.config.worker_config(), str(self.path), self.device)
+        self.runner = self.core.stepper.runner        # the model and its forward (benchmarks, tests)
+        self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
-        self.stop_ids = stop_token_ids(self.path, self.args.eos_id, self.tokenizer)
-        self.core = WorkerCore(self.config, net, self.args, self.dtype, self.device,
-                               self.config.pages_per_worker)
+        self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
+        self.policy = policy or FixedPolicy(self.config.threshold)
         self._arrivals = itertools.count()
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -66,16 +64,18 @@ class LLM:
         params_list = self._params_list(sampling_params, len(pairs))
         states: dict[str, RequestState] = {}
         order = []
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
         for (text, ids), params in zip(pairs, params_list):   # validate everything before running
             seq = next(self._arrivals)
             resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
-            check_request(ids, resolved, self.args)
+            check_request(ids, params, resolved, self.model_info)
             rid = f"offline-{seq}"
-            states[rid] = RequestState(rid, text, ids, resolved, self.args.mask_id, self.stop_ids, seq)
+            states[rid] = RequestState(rid, text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,
+                                       decode)
             order.append(rid)
         done: dict[str, GenerationOutput] = {}
         for rid in order:
-            self._submit(states[rid].submit_msg(), states, done)
+            self._submit(states[rid], states, done)
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -101,7 +101,12 @@ class LLM:
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {n} prompts")
         return sampling_params
 
-    def _submit(self, block, states: dict[str, RequestState], done: dict) -> None:
+    def _lease(self, st: RequestState) -> BlockPolicy | None:
+        nxt = st.block_index + 1
+        return self.policy.block_policy(st, nxt) if nxt < st.num_blocks else None
+
+    def _submit(self, st: RequestState, states: dict[str, RequestState], done: dict) -> None:
+        block = st.submit_msg(self.policy.block_policy(st, st.block_index), self._lease(st))
         for msg in self.core.submit(block):
             self._handle(msg, states, done)
 
@@ -109,10 +114,14 @@ class LLM:
         st = states.get(msg.request_id)
         if st is None or msg.request_id in done:
             return
-        outcome = advance(st, msg, self.tokenizer)
+        outcome = advance(st, msg)
         if outcome.abort_worker:
             self.core.abort(Abort(st.request_id))
         if outcome.output is not None:
             done[st.request_id] = outcome.output
-        elif outcome.next_block is not None:
-            self._submit(outcome.next_block, states, done)
+        elif outcome.continued:
+            then = self._lease(st)
+            if then is not None:
+                self.core.continue_block(ContinueBlock(st.request_id, st.block_index, then))
+        elif outcome.next_block:
+            self._submit(st, states, done)

@@ -1,8 +1,10 @@
 """Typed messages between the request side (engine / offline LLM) and a worker core.
 
-Frozen, slotted dataclasses of primitives, int tuples and CPU tensors, so they pickle across
-torch.multiprocessing queues. Workers report deltas (what one step committed), never whole
-sequences; the only whole-canvas payload is SubmitBlock, once per block.
+Plain data: frozen, slotted dataclasses of primitives, int tuples, CPU tensors and the small
+frozen records of config.py and decoding/params.py, so they pickle across torch.multiprocessing
+queues (tests/unit/test_messages.py round-trips every one). Workers report deltas (what one step
+committed), never whole sequences; the only whole-canvas payload is a SubmitBlock, sent when a
+block starts on a worker that does not hold the request's canvas.
 """
 from __future__ import annotations
 
@@ -10,8 +12,38 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding.params import SamplingParams
-from .model.args import ModelArgs
+from .config import WorkerPolicy
+from .decoding.params import BlockPolicy, DecodeParams
+
+
+# ---- process set-up ----
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    worker_id: int
+    role: str                 # "colocated" | "prefill" | "decode"
+    device: str
+    num_threads: int
+    model_path: str
+    world_size: int           # > 1: join a torch.distributed group for KV transfer
+    dist_port: int
+    kv_peers: tuple[int, ...] = ()   # workers this one sends KV to or receives KV from
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the front process needs to know of the model (validation, limits, benchmarks)."""
+    arch: str
+    vocab_size: int
+    embedding_size: int
+    mask_id: int
+    eos_id: int
+    max_len: int
+    hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_hidden: int
 
 
 # ---- request side -> worker ----
@@ -23,13 +55,31 @@ class SubmitBlock:
     block_index: int
     prompt_len: int
     canvas: torch.Tensor              # int64 [canvas_len], CPU
-    params: SamplingParams            # resolved: threshold, block_length and seed are set
+    params: DecodeParams              # request-wide: sampler, seed, block width
+    policy: BlockPolicy               # this block's commit rule
     stop_token_ids: tuple[int, ...]
     arrival_seq: int                  # request arrival order; re-prefills keep their request's
     step_offset: int = 0              # steps this block already took elsewhere (retry after a failed handoff)
     handoff: bool = False             # prefill only: the block decodes elsewhere (PrefillDone), not here
     stream_to: int | None = None      # handoff: send the KV to this decode worker layer by layer during
                                       # the prefill forward (else it is held until HandoffKV)
+    then: BlockPolicy | None = None   # continue: run the next block here, with this policy (ContinueBlock)
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueBlock:
+    """The router keeps the request here: when block `block_index` ends with more to decode, the
+    worker queues the next block's re-prefill itself, from its own canvas and pages, with policy
+    `then` (None withdraws the lease: the block's end goes back to the router)."""
+    request_id: str
+    block_index: int
+    then: BlockPolicy | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    """Runtime scheduling knobs of a worker, applied at its next iteration."""
+    policy: WorkerPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +134,8 @@ class BlockDone:
     block_index: int
     num_steps: int                    # forwards this block took, prefill included
     is_final: bool                    # the visible answer can no longer change: request done
+    continued: bool = False           # the next block is already queued on this worker (ContinueBlock)
+    policy: BlockPolicy | None = None  # the commit rule this block ran with
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +181,7 @@ class HandoffDone:
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
+    """One per loop turn that did something: the worker's load and its last iteration."""
     worker_id: int
     outstanding_prefill_tokens: int
     num_active_decodes: int
@@ -138,6 +191,9 @@ class LoadReport:
     num_iterations: int
     iteration_s: float = 0.0          # last iteration, whole loop turn (inbox, step, outbox)
     forward_s: float = 0.0            # of which the model forward
+    prefill_tokens: int = 0           # of iteration_tokens: full-canvas forwards admitted
+    num_prefills: int = 0
+    policy: WorkerPolicy | None = None   # in effect for that iteration
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +201,7 @@ class WorkerReady:
     worker_id: int
     num_pages: int
     page_size: int
-    model_args: ModelArgs
-    pid: int
+    model: ModelInfo
 
 
 @dataclass(frozen=True, slots=True)

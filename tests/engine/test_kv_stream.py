@@ -12,21 +12,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dllm_server.config import ServerConfig
-from dllm_server.decoding.params import SamplingParams
-from dllm_server.engine.worker_pool import free_port
-from dllm_server.messages import BlockDone, PrefillDone, ReceiveKV, RequestFailed, SubmitBlock
-from dllm_server.model.loader import load_model
-from dllm_server.worker.core import WorkerCore
-from dllm_server.worker.kv_transfer import KVReceiver, KVSender, Waiter, receiving_owner
+from dllm_server.decoding.params import BlockPolicy, SamplingParams
+from dllm_server.launch import free_port
+from dllm_server.messages import BlockDone, InstallKV, PrefillDone, ReceiveKV, RequestFailed, SubmitBlock
+from dllm_server.worker.build import build_core
+from dllm_server.worker.handoff import receiving_owner
 
 PAGE, PAGES = 8, 20
 LENGTHS = {"a": 20, "b": 24}          # canvas tokens: 3 pages each
 
 
-def _core(model_path):
-    config = ServerConfig(block_length=8, dtype="float32", page_size=PAGE, num_pages=PAGES)
-    model, args, dtype = load_model(model_path, "float32", torch.device("cpu"))
-    return WorkerCore(config, model, args, dtype, torch.device("cpu"), PAGES), args
+def _core(model_path, rank, emit=None):
+    config = ServerConfig(block_length=8, dtype="float32", page_size=PAGE, num_pages=PAGES).worker_config()
+    return build_core(config, model_path, torch.device("cpu"), rank, transfers=True, emit=emit)
 
 
 def _fragment(pool, free_pages):
@@ -37,12 +35,12 @@ def _fragment(pool, free_pages):
         pool.free(f"fill{p}")
 
 
-def _block(rid, args, dst):
+def _block(rid, info, dst):
     n = LENGTHS[rid]
-    canvas = torch.full((n,), args.mask_id, dtype=torch.int64)
+    canvas = torch.full((n,), info.mask_id, dtype=torch.int64)
     canvas[: n - 16] = torch.arange(1, n - 15)
     params = SamplingParams(max_tokens=16, ignore_eos=True).resolve(ServerConfig(block_length=8), 7)
-    return SubmitBlock(rid, 0, n - 16, canvas, params, (), ord(rid), handoff=True, stream_to=dst)
+    return SubmitBlock(rid, 0, n - 16, canvas, params, BlockPolicy(0.9), (), ord(rid), handoff=True, stream_to=dst)
 
 
 def _kv_of(pool, alloc, n):
@@ -51,12 +49,9 @@ def _kv_of(pool, alloc, n):
 
 
 def _sender(model_path, to_recv, from_recv, scenario):
-    core, args = _core(model_path)
-    waiter = Waiter(torch.device("cpu"))
-    core.sender = KVSender(0, core.pool, waiter)
-    core.emit = lambda msgs: to_recv.put(("sent", msgs))
+    core, args = _core(model_path, 0, emit=lambda msgs: to_recv.put(("sent", msgs)))
     _fragment(core.pool, [0, 1, 2, 5, 7, 9])            # a: pages 0-2 (a view), b: 5, 7, 9 (a gather)
-    last = core.runner.model.model.transformer["blocks"][-1]
+    last = core.stepper.runner.model.model.transformer["blocks"][-1]
 
     def before_last_layer(*_):
         # The forward cannot end before the receiver holds layer 0: only a send issued from
@@ -82,23 +77,22 @@ def _sender(model_path, to_recv, from_recv, scenario):
     assert sorted(sent) == ["a", "b"]
     assert core.pool._owner[next(o for o in core.pool.owners() if o.startswith("b\x00"))].slot_ids is not None
     to_recv.put(("kv", sent))
-    done = []
+    done = []                                       # a transport error would raise here
     while len(done) < 2:
-        done += waiter.completed()
-    assert all(t.error is None for t in done)
+        done += core.poll_transfers()
+    assert all(m.is_sender for m in done) and not any("\x00out" in o for o in core.pool.owners())
 
 
 def _receiver(model_path, from_send, to_send, scenario):
-    core, _ = _core(model_path)
-    waiter = Waiter(torch.device("cpu"))
+    core, info = _core(model_path, 1)
+    waiter = core.handoffs.waiter
     _fragment(core.pool, [1, 3, 5, 10, 11, 12] if scenario != "refuse" else [4])
     kind, msgs = from_send.get(timeout=20)
     assert kind == "sent" and len(msgs) == 1
     m = msgs[0]
-    receiver = KVReceiver(core, waiter)
-    receiver.post(ReceiveKV(m.src_worker, m.request_ids, m.block_indices, m.canvas_lens, (True, True), m.tag_base))
+    core.handle(ReceiveKV(m.src_worker, m.request_ids, m.block_indices, m.canvas_lens, (True, True), m.tag_base))
     if scenario == "refuse":
-        assert not receiver.arrivals and [t.ok for t in waiter.pending] == [False, False]
+        assert not core.handoffs.arrivals and [t.ok for t in waiter.pending] == [False, False]
     else:
         allocs = [core.pool._owner[receiving_owner(rid, 0)] for rid in m.request_ids]
         assert allocs[0].slot_ids is None and allocs[1].slot_ids is not None   # a contiguous, b gathered
@@ -109,22 +103,20 @@ def _receiver(model_path, from_send, to_send, scenario):
         time.sleep(0.001)
     assert bool(first.abs().sum() > 0), "layer 0 did not arrive during the sender's forward"
     to_send.put("layer0")
-    done = []
+    done = []                                       # a transport error would raise here
     while len(done) < 2:
-        done += waiter.completed()
-    assert all(t.error is None for t in done)
+        done += core.poll_transfers()               # received: staged K/V moved into their slots
     kind, sent = from_send.get(timeout=20)
     if scenario == "refuse":
-        assert [t.ok for t in done] == [False, False]
+        assert [m.ok for m in done] == [False, False]
         return
-    for t in done:
-        receiver.received(t)
-        got = _kv_of(core.pool, core.pool._owner[receiving_owner(t.request_id, 0)], LENGTHS[t.request_id])
-        assert torch.equal(got, torch.from_numpy(sent[t.request_id])), t.request_id
+    for m in done:
+        got = _kv_of(core.pool, core.pool._owner[receiving_owner(m.request_id, 0)], LENGTHS[m.request_id])
+        assert torch.equal(got, torch.from_numpy(sent[m.request_id])), m.request_id
     # InstallKV: the blocks become decodable, on the pages the KV arrived in.
     for rid in LENGTHS:
-        receiver.install(dataclasses.replace(_block(rid, core.args, None), handoff=False, step_offset=1))
-    assert not receiver.arrivals and sorted(core.ready) == ["a", "b"] and core.step()
+        core.handle(InstallKV(dataclasses.replace(_block(rid, info, None), handoff=False, step_offset=1)))
+    assert not core.handoffs.arrivals and sorted(core.ready) == ["a", "b"] and core.step()
     core.pool.check_integrity()
 
 

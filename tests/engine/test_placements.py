@@ -36,7 +36,7 @@ async def test_dream_disaggregated_matches_offline(tiny_dream):
                           placement="disaggregated")
     async with running(config) as engine:
         outs = await asyncio.gather(*[engine.run(p, s) for p, s in reqs])
-        assert engine.scheduler.counters.kv_transfer_bytes > 0
+        assert engine.stats().counters.kv_transfer_bytes > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
 
 
@@ -49,7 +49,8 @@ async def test_placements_match_offline(engine_config, offline_tokens, placement
         outs = await asyncio.gather(*[engine.run(p, s) for p, s in mixed_requests()])
         assert [o.token_ids for o in outs] == offline_tokens
         assert all(o.finish_reason in ("stop", "length") for o in outs)
-        counters = engine.scheduler.counters
+        stats = engine.stats()
+        counters = stats.counters
         if placement == "disaggregated":
             assert counters.kv_transfer_bytes > 0 and counters.prefills_overflowed == 0
             # every block that did not finish inside its prefill step moved, and was timed
@@ -57,4 +58,4 @@ async def test_placements_match_offline(engine_config, offline_tokens, placement
             assert counters.kv_transfers_failed == 0
         if placement == "hybrid":
             assert counters.prefills_overflowed > 0 and counters.kv_transfer_bytes > 0
-        assert not engine.scheduler.requests and engine.scheduler.num_waiting == 0
+        assert not stats.num_requests and stats.num_waiting == 0

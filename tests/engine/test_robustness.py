@@ -17,11 +17,11 @@ async def _quiesce(engine, timeout_s=20):
     """Wait until every worker's latest report shows a full page pool."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ws = engine.scheduler.workers
-        if all(w.report is not None and w.report.free_pages == w.num_pages for w in ws):
+        ws = engine.stats().workers
+        if all(w.num_iterations > 0 and w.free_pages == w.num_pages for w in ws):
             return
         await asyncio.sleep(0.05)
-    raise AssertionError([(w.worker_id, w.report) for w in engine.scheduler.workers])
+    raise AssertionError(engine.stats().workers)
 
 
 @pytest.mark.parametrize("placement,kv_transfer", [("colocated", "layerwise"), ("disaggregated", "layerwise"),
@@ -52,10 +52,11 @@ async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_con
         reasons = {r if isinstance(r, str) else r.finish_reason for r in results}
         assert "error" in reasons and "cancelled" in reasons and "length" in reasons
         await _quiesce(engine)
-        assert not engine.scheduler.requests and engine.scheduler.num_waiting == 0
-        assert not engine.scheduler.pending and not engine.scheduler.decode_ready
-        assert all(w.reserved_pages == 0 for w in engine.scheduler.workers)
-        c = engine.scheduler.counters
+        stats = engine.stats()
+        assert not stats.num_requests and stats.num_waiting == 0
+        assert not stats.num_pending and not stats.num_held
+        assert all(w.reserved_pages == 0 for w in stats.workers)
+        c = stats.counters
         if placement == "disaggregated":
             assert c.kv_transfer_bytes > 0
 
@@ -85,7 +86,7 @@ async def test_kill_9_of_a_worker_fails_fast_then_recovers(engine_config):
         for i, t in enumerate(tasks):
             t.add_done_callback(lambda _, i=i: ended_at.setdefault(i, time.monotonic()))
         await asyncio.sleep(1.0)
-        victim = engine.pool.pid(0)
+        victim = engine.stats().workers[0].pid
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         await asyncio.wait(tasks, timeout=120)
@@ -94,11 +95,11 @@ async def test_kill_9_of_a_worker_fails_fast_then_recovers(engine_config):
         assert errors and all("worker 0 died" in outs[i].error for i in errors)
         assert all(o.finish_reason in ("length", "error") for o in outs)
         assert max(ended_at[i] for i in errors) - killed_at < 5.0
-        assert engine.scheduler.counters.worker_restarts == 1
+        assert engine.stats().counters.worker_restarts == 1
         deadline = time.monotonic() + 60
         while not engine.is_healthy and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert engine.is_healthy and engine.pool.pid(0) != victim
+        assert engine.is_healthy and engine.stats().workers[0].pid != victim
         more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
                                       for i in range(20)])
         assert all(o.finish_reason in ("stop", "length") for o in more)
@@ -106,7 +107,7 @@ async def test_kill_9_of_a_worker_fails_fast_then_recovers(engine_config):
 
 async def test_without_restart_the_engine_is_dead(engine_config):
     async with running(engine_config.replace(restart_workers=False)) as engine:
-        os.kill(engine.pool.pid(0), signal.SIGKILL)
+        os.kill(engine.stats().workers[0].pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while not engine.dead and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -122,8 +123,8 @@ async def test_kill_9_of_the_decode_worker_mid_handoffs(engine_config):
         params = SamplingParams(max_tokens=96, ignore_eos=True, steps=96)
         tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3] * 20}, params)) for i in range(30)]
         await asyncio.sleep(1.5)
-        assert engine.scheduler.counters.kv_handoffs > 0
-        os.kill(engine.pool.pid(1), signal.SIGKILL)
+        assert engine.stats().counters.kv_handoffs > 0
+        os.kill(engine.stats().workers[1].pid, signal.SIGKILL)
         done, pending = await asyncio.wait(tasks, timeout=60)
         assert not pending, f"{len(pending)} requests hung"
         outs = [t.result() for t in tasks]
@@ -136,4 +137,4 @@ async def test_kill_9_of_the_decode_worker_mid_handoffs(engine_config):
         more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=40))
                                       for i in range(10)])
         assert all(o.finish_reason in ("stop", "length") for o in more)
-        assert engine.scheduler.counters.kv_handoffs > 0
+        assert engine.stats().counters.kv_handoffs > 0

@@ -82,13 +82,12 @@ def test_generations_identical_with_fixed_shape_decodes(tiny_model):
             for i in range(12)]
     plain = LLM(tiny_model, block_length=8, dtype="float32")
     fixed = LLM(tiny_model, block_length=8, dtype="float32")
-    core = fixed.core
-    core.runner.graphs = DecodeGraphs(core.runner.model, core.args, core.pool, torch.device("cpu"), 64,
-                                      capture=False)
+    runner = fixed.runner
+    runner.graphs = DecodeGraphs(runner.model, fixed.args, runner.pool, torch.device("cpu"), 64, capture=False)
     want = plain.generate([p for p, _ in reqs], [s for _, s in reqs])
     got = fixed.generate([p for p, _ in reqs], [s for _, s in reqs])
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert core.runner.graphs.shapes, "no iteration took the fixed-shape path"
+    assert runner.graphs.shapes, "no iteration took the fixed-shape path"
 
 
 def test_capture_all_covers_every_bucket_of_the_default_width(tiny_llada):

@@ -15,7 +15,7 @@ def test_stop_token_skips_later_blocks(tiny_llada):
     llm = LLM(tiny_llada, block_length=8, dtype="float32")
     stop_ids = set(llm.stop_ids)
     calls = []
-    llm.core.runner.model.register_forward_hook(lambda *_: calls.append(1))
+    llm.runner.model.register_forward_hook(lambda *_: calls.append(1))
     found = 0
     for seed in range(60):   # deterministic search for cases whose first stop token lands mid-answer
         prompt = {"prompt_token_ids": [seed % 250 + 1, 5, 9]}

@@ -1,7 +1,7 @@
 """Device assignment rules that need no GPU to check."""
 import pytest
 
-from dllm_server.engine.async_engine import check_gpu_count
+from dllm_server.devices import check_gpu_count
 
 
 def test_gpu_count_rule_for_nccl_handoffs():

@@ -15,7 +15,6 @@ class EngineCollector:
         self.model = model_name
 
     def collect(self):
-        sched = self.engine.scheduler
         labels = ["model_name"]
         running = GaugeMetricFamily("dllm:num_requests_running", "requests with a block on a worker", labels=labels)
         waiting = GaugeMetricFamily("dllm:num_requests_waiting", "requests not yet started", labels=labels)
@@ -24,36 +23,44 @@ class EngineCollector:
                                    labels=labels + ["worker"])
         deficit = GaugeMetricFamily("dllm:worker_deficit_tokens", "deficit carried by a worker's scheduler",
                                     labels=labels + ["worker"])
+        tau = GaugeMetricFamily("dllm:worker_token_budget", "a worker's token budget tau (0: unlimited)",
+                                labels=labels + ["worker"])
+        seats = GaugeMetricFamily("dllm:worker_max_active_decodes", "a worker's decode seat cap",
+                                  labels=labels + ["worker"])
         healthy = GaugeMetricFamily("dllm:worker_up", "1 when the worker is ready and alive", labels=labels + ["worker"])
         xfer_b = CounterMetricFamily("dllm:kv_transfer_bytes", "KV bytes sent between workers", labels=labels)
         xfer_s = CounterMetricFamily("dllm:kv_transfer_seconds", "seconds spent sending KV", labels=labels)
         handoffs = CounterMetricFamily("dllm:kv_handoffs", "blocks moved to a decode worker", labels=labels)
         stall = CounterMetricFamily("dllm:kv_handoff_stall_seconds", "prefill step done -> first decode step on "
                                     "the decode worker, summed over handoffs", labels=labels)
+        continued = CounterMetricFamily("dllm:blocks_continued", "next blocks queued on the worker that held the "
+                                        "request (no trip through the router)", labels=labels)
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
-        if sched is not None:
-            n_wait = sched.num_waiting
-            running.add_metric([self.model], len(sched.requests) - n_wait)
-            waiting.add_metric([self.model], n_wait)
-            total = used = 0
-            for w in sched.workers:
-                total += w.num_pages
-                if w.report is not None:
-                    used += w.num_pages - w.report.free_pages
-                    budget.add_metric([self.model, str(w.worker_id)], w.report.iteration_tokens)
-                    deficit.add_metric([self.model, str(w.worker_id)], w.report.deficit_tokens)
-                healthy.add_metric([self.model, str(w.worker_id)], 1.0 if (w.ready and w.alive) else 0.0)
-            usage.add_metric([self.model], used / total if total else 0.0)
-            xfer_b.add_metric([self.model], sched.counters.kv_transfer_bytes)
-            xfer_s.add_metric([self.model], sched.counters.kv_transfer_seconds)
-            handoffs.add_metric([self.model], sched.counters.kv_handoffs)
-            stall.add_metric([self.model], sched.counters.kv_handoff_stall_seconds)
-            canvas.add_metric([self.model], sched.counters.canvas_positions)
-            canvas_v.add_metric([self.model], sched.counters.canvas_positions)
-        yield from (running, waiting, usage, budget, deficit, healthy, xfer_b, xfer_s, handoffs, stall, canvas,
-                    canvas_v)
+        if self.engine.scheduler is not None:
+            s = self.engine.stats()
+            m = [self.model]
+            running.add_metric(m, s.num_running)
+            waiting.add_metric(m, s.num_waiting)
+            usage.add_metric(m, s.kv_usage)
+            for w in s.workers:
+                wl = m + [str(w.worker_id)]
+                budget.add_metric(wl, w.iteration_tokens)
+                deficit.add_metric(wl, w.deficit_tokens)
+                tau.add_metric(wl, w.policy.token_budget or 0)
+                seats.add_metric(wl, w.policy.max_active_decodes)
+                healthy.add_metric(wl, 1.0 if w.up else 0.0)
+            c = s.counters
+            xfer_b.add_metric(m, c.kv_transfer_bytes)
+            xfer_s.add_metric(m, c.kv_transfer_seconds)
+            handoffs.add_metric(m, c.kv_handoffs)
+            stall.add_metric(m, c.kv_handoff_stall_seconds)
+            continued.add_metric(m, c.blocks_continued)
+            canvas.add_metric(m, c.canvas_positions)
+            canvas_v.add_metric(m, c.canvas_positions)
+        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, xfer_b, xfer_s, handoffs, stall,
+                    continued, canvas, canvas_v)
 
 
 class Metrics:

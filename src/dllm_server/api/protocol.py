@@ -51,7 +51,7 @@ class DiffusionFields(OpenAIModel):
     threshold: float | None = Field(None, ge=0, le=1)
     factor: float | None = Field(None, gt=0, le=1e6)
     steps: int | None = Field(None, ge=1, le=1_000_000)
-    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    remasking: Literal["low_confidence", "random"] = SamplingParams().remasking
     return_token_ids: StrictBool = False
 
     @model_validator(mode="after")
@@ -63,13 +63,13 @@ class DiffusionFields(OpenAIModel):
         return self
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """Only the fields the request gave: SamplingParams holds every default."""
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=0.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, threshold=self.threshold, factor=self.factor,
-            steps=self.steps, remasking=self.remasking, ignore_eos=self.ignore_eos, seed=self.seed,
-            stop=tuple(stop) if stop else None, block_length=self.block_length)
+        given = {k: getattr(self, k) for k in ("temperature", "top_p", "threshold", "factor", "steps", "seed",
+                                               "block_length") if getattr(self, k) is not None}
+        return SamplingParams(max_tokens=max_tokens, remasking=self.remasking, ignore_eos=self.ignore_eos,
+                              stop=tuple(stop) if stop else None, **given)
 
     @property
     def include_usage(self) -> bool:

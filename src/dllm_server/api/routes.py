@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
-from ..engine.scheduler import Entry
+from ..engine.requests import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT, RequestHandle
 from . import sse
 from .errors import APIError, from_validation_error, from_value_error
 from .metrics import Metrics
@@ -61,7 +61,7 @@ class Routes:
             raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
 
     def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
-                chat: bool) -> list[Entry]:
+                chat: bool) -> list[RequestHandle]:
         self._check_serving()
         try:
             params = req.sampling_params(default_max)
@@ -74,25 +74,26 @@ class Routes:
                     states.append(self.engine.prepare(p, params, request_id=rid))
         except ValueError as exc:
             raise from_value_error(exc)
-        entries = []
+        stream = STREAM_PROGRESS if req.include_progress else STREAM_TEXT if req.stream else STREAM_NONE
+        handles = []
         try:
             for st in states:
-                entries.append(self.engine.submit(st, stream_text=req.stream, stream_canvas=req.include_progress))
+                handles.append(self.engine.submit(st, stream))
         except EngineOverloaded as exc:
-            for e in entries:
-                self.engine.scheduler.abort(e.state.request_id)
+            for h in handles:
+                h.abort()
             raise APIError(503, str(exc), headers={"Retry-After": "2"})
         except EngineDead as exc:
             raise APIError(500, f"engine is dead: {exc}")
-        return entries
+        return handles
 
     def _usage(self, outputs) -> dict:
         p = sum(len(o.prompt_token_ids) for o in outputs)
         c = sum(len(o.token_ids) for o in outputs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def _observe(self, entry: Entry, output) -> None:
-        self.metrics.observe_finished(output, entry.arrived_at, entry.first_step_at, entry.first_token_at,
+    def _observe(self, handle: RequestHandle, output) -> None:
+        self.metrics.observe_finished(output, handle.arrived_at, handle.first_step_at, handle.first_token_at,
                                       time.monotonic())
 
     # ---- generation endpoints ----
@@ -110,7 +111,7 @@ class Routes:
                                chat=False)
         return await self._respond(request, req, entries, rid, chat=False)
 
-    async def _respond(self, request: Request, req: DiffusionFields, entries: list[Entry], rid: str,
+    async def _respond(self, request: Request, req: DiffusionFields, entries: list[RequestHandle], rid: str,
                        chat: bool) -> Response:
         created = int(time.time())
         if req.stream:
@@ -142,7 +143,7 @@ class Routes:
                              "created": created, "model": self.model_name, "choices": choices,
                              "usage": self._usage(outputs)})
 
-    async def _collect(self, entries: list[Entry]):
+    async def _collect(self, entries: list[RequestHandle]):
         async def one(entry):
             async for ev in self.engine.generate(entry):
                 if ev.output is not None:
@@ -150,10 +151,10 @@ class Routes:
                     return ev.output
         return await asyncio.gather(*[one(e) for e in entries])
 
-    async def _stream(self, req: DiffusionFields, entries: list[Entry], rid: str, created: int, chat: bool):
+    async def _stream(self, req: DiffusionFields, entries: list[RequestHandle], rid: str, created: int, chat: bool):
         obj = "chat.completion.chunk" if chat else "text_completion"
         hold = max((len(s) for s in (req.sampling_params(1).stop or ())), default=1) - 1
-        sent = [""] * len(entries)
+        sent = [0] * len(entries)           # characters streamed: the stable text only grows
         role_sent = [False] * len(entries)
         outputs = [None] * len(entries)
 
@@ -169,7 +170,7 @@ class Routes:
             return {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [choice]}
 
         try:
-            async for i, ev in _merge([self.engine.generate(e, stream_text=True) for e in entries]):
+            async for i, ev in _merge([self.engine.generate(e) for e in entries]):
                 if ev.output is not None:
                     out = outputs[i] = ev.output
                     self._observe(entries[i], out)
@@ -177,23 +178,20 @@ class Routes:
                         yield sse.frame({"error": {"message": f"generation failed: {out.error}",
                                                    "type": "InternalServerError", "param": None, "code": 500}})
                         continue
-                    rest = out.text[len(sent[i]):] if out.text.startswith(sent[i]) else ""
+                    rest = out.text[sent[i]:] if len(out.text) > sent[i] else ""
                     yield sse.frame(chunk(i, rest, out.finish_reason))
                     continue
                 if req.include_progress:
                     d = ev.delta
-                    prompt_len = entries[i].state.prompt_len
+                    prompt_len = entries[i].prompt_len
                     yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
                                      "choices": [], "dllm": {"index": i, "block": d.block_index, "step": d.step,
                                                              "positions": [p - prompt_len for p in d.positions],
                                                              "num_committed": len(d.positions),
                                                              "masked": d.num_masked, "canvas": ev.canvas}})
-                stable = ev.text or ""
-                if hold > 0:
-                    stable = stable[: max(0, len(stable) - hold)]
-                stable = stable.rstrip("\ufffd")      # an incomplete UTF-8 sequence may still change
-                if len(stable) > len(sent[i]) and stable.startswith(sent[i]):
-                    yield sse.frame(chunk(i, stable[len(sent[i]):], None))
+                stable = len(ev.text or "") - max(0, hold)     # a stop string may still cut the rest
+                if stable > sent[i]:
+                    yield sse.frame(chunk(i, ev.text[sent[i]:stable], None))
                     sent[i] = stable
             if req.include_usage and all(o is not None for o in outputs):
                 yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
@@ -206,7 +204,7 @@ class Routes:
 
     # ---- other endpoints ----
     async def models(self, request: Request) -> Response:
-        args = self.engine.model_args if self.engine.is_ready else None
+        args = self.engine.model_info if self.engine.is_ready else None
         card = {"id": self.model_name, "object": "model", "created": int(self.engine.started_wall),
                 "owned_by": "dllm-server", "root": str(self.engine.path), "parent": None,
                 "max_model_len": args.max_len if args else None, "permission": []}
@@ -221,7 +219,7 @@ class Routes:
     async def health(self, request: Request) -> Response:
         if not self.engine.is_healthy:
             return Response(status_code=503, headers={"Retry-After": "2"})
-        if self.engine.scheduler.requests:        # busy: outputs are flowing, no probe needed
+        if self.engine.num_requests:        # busy: outputs are flowing, no probe needed
             return Response(status_code=200)
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._run_probe())
@@ -231,7 +229,7 @@ class Routes:
     async def _run_probe(self) -> bool:
         """A real one-step request through a worker (a wedged worker fails it)."""
         from ..decoding.params import SamplingParams
-        token = 1 if self.engine.model_args.mask_id != 1 else 2
+        token = 1 if self.engine.model_info.mask_id != 1 else 2
         try:
             state = self.engine.prepare({"prompt_token_ids": [token]}, SamplingParams(max_tokens=1, block_length=1),
                                         request_id=f"health-{uuid.uuid4().hex[:8]}")
@@ -251,7 +249,7 @@ class Routes:
                 ids = tok.encode(req.root.prompt)
         except ValueError as exc:
             raise from_value_error(exc)
-        max_len = self.engine.model_args.max_len if self.engine.is_ready else None
+        max_len = self.engine.model_info.max_len if self.engine.is_ready else None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": max_len})
 
     async def detokenize(self, request: Request) -> Response:

@@ -38,15 +38,8 @@ class DrainingServer(uvicorn.Server):
         self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
     async def _drain(self) -> None:
-        sched = self.engine.scheduler
-        deadline = time.monotonic() + self.drain_s
-        while sched is not None and sched.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if sched is not None and sched.requests:
-            log.info("aborting %d in-flight request(s)", len(sched.requests))
-            for rid in list(sched.requests):
-                sched.abort(rid)
-        await asyncio.sleep(0.2)        # let the final chunks of aborted streams go out
+        if await self.engine.drain(self.drain_s):
+            await asyncio.sleep(0.2)    # let the final chunks of aborted streams go out
         self.should_exit = True
 
 
@@ -55,15 +48,12 @@ STATS_INTERVAL_S = 10.0
 
 def _log_stats(engine: AsyncEngine, interval_s: float, last_positions: int) -> int:
     """One line of engine state while there is work (silent when idle)."""
-    sched = engine.scheduler
-    positions = sched.counters.canvas_positions
-    if sched.requests or positions != last_positions:
-        total = sum(w.num_pages for w in sched.workers)
-        used = sum(w.num_pages - w.report.free_pages for w in sched.workers if w.report)
+    s = engine.stats()
+    positions = s.counters.canvas_positions
+    if s.num_requests or positions != last_positions:
         log.info("running %d, waiting %d, %.0f positions/s through the model, KV pages %.1f%% used, "
-                 "workers up %d/%d", len(sched.requests) - sched.num_waiting, sched.num_waiting,
-                 (positions - last_positions) / interval_s, 100 * used / max(1, total),
-                 sum(w.ready and w.alive for w in sched.workers), len(sched.workers))
+                 "workers up %d/%d", s.num_running, s.num_waiting, (positions - last_positions) / interval_s,
+                 100 * s.kv_usage, s.workers_up, len(s.workers))
     return positions
 
 

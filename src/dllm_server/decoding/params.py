@@ -1,11 +1,16 @@
-"""SamplingParams: what one request asks of the decoder, validated on construction.
+"""What a user asks for vs what the engine resolved, each validated on construction.
 
-`None` for threshold / block_length means "the server default" (ServerConfig); `resolve`
-fills those in so workers only ever see concrete values. No torch, no devices here.
+- `SamplingParams`: what one request asks of the decoder (the user's fields; `None` means "the
+  server default").
+- `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
+  the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
+- `BlockPolicy`: how one block commits (threshold, factor or a fixed number of steps), chosen by
+  the front process's policy per block (engine/policy.py), so blocks of one request may differ.
+
+No torch, no devices here.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -73,11 +78,43 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
 
-    def resolve(self, config: ServerConfig, default_seed: int) -> "SamplingParams":
-        """Concrete copy: server defaults filled in, a seed fixed so results never depend on batching."""
-        return dataclasses.replace(
-            self,
-            threshold=config.threshold if self.threshold is None else self.threshold,
-            block_length=config.block_length if self.block_length is None else self.block_length,
-            seed=default_seed if self.seed is None else self.seed,
-        )
+    def resolve(self, config: ServerConfig, default_seed: int) -> "DecodeParams":
+        """The request-wide decoding fields: server defaults filled in, a seed fixed so results
+        never depend on batching. (Commit rules are resolved per block: BlockPolicy.)"""
+        return DecodeParams(self.max_tokens, config.block_length if self.block_length is None else self.block_length,
+                            self.temperature, self.top_p, self.remasking, default_seed if self.seed is None else self.seed,
+                            self.ignore_eos)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeParams:
+    """Resolved per request: shared by every block (the worker's sampler and stop rule)."""
+    max_tokens: int
+    block_length: int
+    temperature: float
+    top_p: float
+    remasking: str
+    seed: int
+    ignore_eos: bool
+
+    @property
+    def needs_rng(self) -> bool:
+        return self.temperature > 0 or self.remasking == "random"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPolicy:
+    """How one block commits, resolved by the front process: exactly one rule applies; `steps`
+    (forwards of this block under LLaDA's linear schedule) first, then `factor`, then
+    `threshold` (every masked position whose confidence reaches it, at least the best one)."""
+    threshold: float
+    factor: float | None = None
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
+            raise ValueError(f"threshold: must be in [0, 1], got {self.threshold!r}")
+        if self.factor is not None and not self.factor > 0:
+            raise ValueError(f"factor: must be > 0, got {self.factor!r}")
+        if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
+            raise ValueError(f"steps: must be >= 1, got {self.steps!r}")

@@ -1,7 +1,9 @@
-"""AsyncEngine: the front process's API over worker processes. `generate()` validates input
-(ValueError names the field), then yields StreamEvents: one per committed step, then the final
-output. Closing the iterator early (a disconnected client) aborts the request. Never touches
-model tensors; the scheduler owns all request state."""
+"""AsyncEngine: the front process's one engine surface (the API layer, tests and benchmarks use
+nothing else). `prepare()` validates input (ValueError names the field); `submit()` admits it
+and returns a RequestHandle; `generate(handle)` yields its StreamEvents (new visible text or
+denoising progress, as asked, then the final output); closing that iterator early (a
+disconnected client) aborts the request. `abort`, `drain`, `stats`, `set_policy` complete it.
+Never touches model tensors; the scheduler owns all request state."""
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +13,18 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+from ..checkpoint import model_path, read_config
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
-from ..model.embedded import model_path
-from ..model.loader import read_config
+from ..devices import worker_devices
+from ..messages import LoadReport, ModelInfo
 from .inputs import check_request, prompt_ids
 from .placement import worker_roles
-from .request_state import RequestState
-from .scheduler import Entry, Scheduler, StreamEvent
+from .policy import DecodePolicy, FixedPolicy
+from .request_state import GenerationOutput, RequestState
+from .requests import STREAM_NONE, Entry, RequestHandle, StreamEvent
+from .scheduler import Scheduler
+from .stats import EngineStats
 from .tokenize import Tokenizer, stop_token_ids
 from .worker_pool import WorkerPool
 
@@ -33,41 +39,18 @@ class EngineDead(Exception):
     """Workers are down and will not come back (restart disabled)."""
 
 
-def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
-    """Workers that hand KV over (NCCL) need a GPU each: NCCL refuses two ranks on one device.
-    Colocated workers share GPUs round-robin."""
-    if placement != "colocated" and num_workers > num_gpus:
-        raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker for the NCCL KV "
-                         f"handoff ({num_workers} workers, {num_gpus} GPUs); use fewer workers, more GPUs, "
-                         f"colocated placement or --device cpu")
-
-
-def _devices(config: ServerConfig, n: int) -> list[str]:
-    import torch
-    want = config.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda":
-        count = torch.cuda.device_count()
-        if count == 0:
-            raise ValueError("device: cuda was requested but no CUDA device is available")
-        check_gpu_count(config.placement, n, count)
-        return [f"cuda:{i % count}" for i in range(n)]
-    if want != "cpu":
-        raise ValueError(f"device: must be cpu, cuda or auto, got {want!r}")
-    return [want] * n
-
-
 class AsyncEngine:
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None):
         self.config = config
         self.path = model_path(config.model)
         read_config(self.path)            # a clear error now, not a worker traceback later
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
+        self.policy = policy or FixedPolicy(config.threshold)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
-        self.devices = _devices(config, len(self.roles))     # a bad device setup fails here, clearly
+        self.devices = worker_devices(config.device, config.placement, len(self.roles))   # fails here, clearly
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
+        self.model_info: ModelInfo | None = None
         self._arrivals = itertools.count()
         self.draining = False
         self.dead: str | None = None
@@ -78,7 +61,7 @@ class AsyncEngine:
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send)
+        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
                                loop, self.scheduler.on_messages, self._on_death)
         self.pool.start_all()
@@ -89,22 +72,30 @@ class AsyncEngine:
         if not self.scheduler.ready_event.is_set():
             self.pool.stop(timeout_s=5)
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
-        args = self.scheduler.model_args
-        self.model_args = args
-        self.stop_ids = stop_token_ids(self.path, args.eos_id, self.tokenizer)
+        self.model_info = self.scheduler.workers.model
+        self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
-    async def shutdown(self, timeout_s: float | None = None) -> None:
-        """Stop taking requests, let in-flight ones finish for up to `timeout_s` (0: abort them
-        now, finish_reason "abort"), then stop and join every worker."""
-        self.draining = True
-        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+    async def drain(self, timeout_s: float) -> int:
+        """Let in-flight requests finish for up to `timeout_s`, then abort the rest
+        (finish_reason "abort"); returns how many were aborted."""
         deadline = time.monotonic() + timeout_s
-        while self.scheduler and self.scheduler.requests and time.monotonic() < deadline:
+        while self.scheduler and len(self.scheduler.requests) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.scheduler:
-            for rid in list(self.scheduler.requests):
-                self.scheduler.abort(rid)
+        if self.scheduler is None:
+            return 0
+        left = [e.state.request_id for e in self.scheduler.requests]
+        if left:
+            log.info("aborting %d in-flight request(s)", len(left))
+        for rid in left:
+            self.scheduler.abort(rid)
+        return len(left)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop taking requests, drain for up to `timeout_s` (default: the config's), then stop
+        and join every worker."""
+        self.draining = True
+        await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
 
@@ -114,7 +105,24 @@ class AsyncEngine:
 
     @property
     def is_healthy(self) -> bool:
-        return self.is_ready and self.scheduler.is_healthy and not self.draining
+        return self.is_ready and self.scheduler.workers.is_healthy and not self.draining
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.scheduler.requests) if self.scheduler else 0
+
+    def stats(self) -> EngineStats:
+        pids = {wid: self.pool.pid(wid) for wid in range(len(self.roles))} if self.pool else {}
+        return self.scheduler.stats(pids)
+
+    def iteration_trace(self) -> list[tuple[float, LoadReport]]:
+        """Every worker iteration reported since start (bounded), with its arrival time."""
+        return list(self.scheduler.trace)
+
+    def set_policy(self, worker_id: int | None = None, **changes) -> None:
+        """Change token_budget / max_active_decodes / credit_share of one worker (or all) while
+        serving, applied at its next iteration, and overflow_threshold_tokens of the router."""
+        self.scheduler.set_policy(worker_id, **changes)
 
     def _send(self, wid: int, msg) -> None:
         self.pool.send(wid, msg)
@@ -127,7 +135,7 @@ class AsyncEngine:
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart(wid)
-            self.scheduler.counters.worker_restarts += 1
+            self.scheduler.counts["worker_restarts"] += 1
             self.scheduler.on_worker_lost(ids, reason)
         else:
             self.dead = reason
@@ -146,36 +154,45 @@ class AsyncEngine:
             text, ids = prompt_ids(prompt, self.tokenizer)
         seq = next(self._arrivals)
         resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
-        check_request(ids, resolved, self.model_args)
-        state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, resolved,
-                             self.model_args.mask_id, self.stop_ids, seq)
-        pages = self.scheduler.pages_for(state.canvas.numel())
-        if pages > self.scheduler.min_capacity_pages():
-            raise ValueError(f"max_tokens: a canvas of {state.canvas.numel()} tokens needs {pages} KV pages; "
-                             f"a worker holds {self.scheduler.min_capacity_pages()}")
+        check_request(ids, params, resolved, self.model_info)
+        state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, params, resolved,
+                             self.model_info.mask_id, self.stop_ids, seq,
+                             self.tokenizer.decode if self.tokenizer else None)
+        workers = self.scheduler.workers
+        pages = workers.pages_for(state.prompt_len + state.answer_len)
+        if pages > workers.min_capacity_pages():
+            raise ValueError(f"max_tokens: a canvas of {state.prompt_len + state.answer_len} tokens needs {pages} "
+                             f"KV pages; a worker holds {workers.min_capacity_pages()}")
         return state
 
-    def submit(self, state: RequestState, stream_text: bool = False, stream_canvas: bool = False) -> Entry:
-        """Admit a prepared request (synchronously, so a refusal comes before any response)."""
+    def submit(self, state: RequestState, stream: str = STREAM_NONE) -> RequestHandle:
+        """Admit a prepared request (synchronously, so a refusal comes before any response).
+        `stream`: STREAM_TEXT for events as the visible text grows, STREAM_PROGRESS for one per
+        denoising step (with the canvas), STREAM_NONE for the final output only."""
         if self.dead:
             raise EngineDead(self.dead)
         if self.draining:
             raise EngineOverloaded("server is shutting down")
         if not self.is_ready:
             raise EngineOverloaded("engine is starting")
-        if self.scheduler.num_waiting >= self.config.max_waiting_requests:
+        if self.scheduler.requests.num_waiting >= self.config.max_waiting_requests:
             raise EngineOverloaded(f"the request queue is full ({self.config.max_waiting_requests} waiting)")
-        entry = Entry(state, asyncio.Queue(), stream_text, time.monotonic(), stream_canvas)
+        entry = Entry(state, asyncio.Queue(), stream, time.monotonic())
         self.scheduler.add(entry)
-        return entry
+        return RequestHandle(entry, self.abort)
 
-    async def generate(self, state: RequestState | Entry, stream_text: bool = False) -> AsyncIterator[StreamEvent]:
-        entry = state if isinstance(state, Entry) else self.submit(state, stream_text)
-        state = entry.state
+    def abort(self, request_id: str) -> None:
+        if self.scheduler is not None:
+            self.scheduler.abort(request_id)
+
+    async def generate(self, request: RequestState | RequestHandle,
+                       stream: str = STREAM_NONE) -> AsyncIterator[StreamEvent]:
+        handle = request if isinstance(request, RequestHandle) else self.submit(request, stream)
+        events = handle._entry.events
         finished = False
         try:
             while True:
-                event = await entry.events.get()
+                event = await events.get()
                 if event.output is not None:
                     finished = True
                 yield event
@@ -183,13 +200,13 @@ class AsyncEngine:
                     return
         finally:
             if not finished:   # the consumer went away: free the worker's KV within an iteration
-                self.scheduler.abort(state.request_id)
+                self.abort(handle.request_id)
 
-    async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw):
+    async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw) -> GenerationOutput:
         """Convenience: the final output of one request."""
         return await self.run_state(self.prepare(prompt, params, **kw))
 
-    async def run_state(self, state: RequestState):
+    async def run_state(self, state: RequestState) -> GenerationOutput:
         async for event in self.generate(state):
             if event.output is not None:
                 return event.output

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..decoding.canvas import answer_len, validate_steps
-from ..decoding.params import SamplingParams
-from ..model.args import ModelArgs
+from ..decoding.params import DecodeParams, SamplingParams
+from ..messages import ModelInfo
 from .tokenize import Tokenizer
 
 
@@ -27,8 +27,8 @@ def prompt_ids(prompt: Any, tokenizer: Tokenizer | None) -> tuple[str | None, li
     raise ValueError(f"prompt: must be a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
 
-def check_request(ids: list[int], params: SamplingParams, args: ModelArgs) -> None:
-    """Params must be resolved (block_length set)."""
+def check_request(ids: list[int], params: SamplingParams, resolved: DecodeParams, args: ModelInfo) -> None:
+    """The prompt ids and the request against the model's limits."""
     if not ids:
         raise ValueError("prompt: must not be empty")
     bad = [i for i in ids if not 0 <= i < args.vocab_size]
@@ -36,10 +36,10 @@ def check_request(ids: list[int], params: SamplingParams, args: ModelArgs) -> No
         raise ValueError(f"prompt_token_ids: ids {bad[:5]} are outside the vocabulary [0, {args.vocab_size})")
     if args.mask_id in ids:
         raise ValueError(f"prompt_token_ids: contains the mask token id {args.mask_id}")
-    canvas = len(ids) + answer_len(params.max_tokens, params.block_length)
+    canvas = len(ids) + answer_len(resolved.max_tokens, resolved.block_length)
     if canvas > args.max_len:
         raise ValueError(f"max_tokens: prompt ({len(ids)} tokens) + answer ({params.max_tokens} tokens, "
-                         f"rounded up to whole blocks of {params.block_length}) = {canvas} exceeds the "
+                         f"rounded up to whole blocks of {resolved.block_length}) = {canvas} exceeds the "
                          f"model context of {args.max_len}")
     if params.steps is not None:
-        validate_steps(params.steps, params.max_tokens, params.block_length)
+        validate_steps(params.steps, resolved.max_tokens, resolved.block_length)

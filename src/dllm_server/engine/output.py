@@ -1,36 +1,35 @@
 """How a request advances on each worker message: apply deltas, cut at stop strings, move to the
-next block or finish. One function serves the offline LLM and the serving scheduler alike."""
+next block or finish. One function serves the offline LLM and the serving scheduler alike; where
+the next block runs (and with which policy) is the caller's decision."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..messages import BlockDone, RequestFailed, StepDelta, SubmitBlock
-from ..decoding.stop import visible_len
+from ..messages import BlockDone, RequestFailed, StepDelta
 from .request_state import GenerationOutput, RequestState
 from .tokenize import Tokenizer
 
 
 @dataclass(slots=True)
 class Outcome:
-    next_block: SubmitBlock | None = None      # submit this re-prefill
+    added: str = ""                            # visible text this message added
+    next_block: bool = False                   # route the next block (a re-prefill)
+    continued: bool = False                    # the next block is already queued where this one ran
     output: GenerationOutput | None = None     # the request is finished
     abort_worker: bool = False                 # the worker still holds the block: abort it
-
-
-def visible_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
-    return tokenizer.decode(st.committed_prefix()) if tokenizer is not None else ""
 
 
 MASK_GLYPH = "\u2591"
 
 
 def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
-    """The visible answer with every still-masked position shown as MASK_GLYPH."""
+    """The visible answer with every still-masked position shown as MASK_GLYPH (progress streams
+    only: this decodes the whole answer, so plain streams never call it)."""
     if tokenizer is None:
         return ""
-    answer = st.answer[: visible_len(st.answer, st.stop_ids_tensor, st.params.max_tokens, st.params.ignore_eos)]
+    answer = st.answer[: st.visible_len()]
     parts, run = [], []
-    for tok in answer.tolist():
+    for tok in answer:
         if tok == st.mask_id:
             if run:
                 parts.append(tokenizer.decode(run))
@@ -43,20 +42,29 @@ def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
     return "".join(parts)
 
 
-def advance(st: RequestState, msg, tokenizer: Tokenizer | None) -> Outcome:
+def _stop_hit(st: RequestState, text: str, added: str) -> int:
+    """Index in `text` (the tentative visible text) of the first stop string that this step's new
+    text completes, or -1. Only what changed (the new stable text, the held-back tail) and the
+    (longest stop - 1) characters before it can hold a new match."""
+    lo = max(0, len(st.text) - len(added) - max(len(s) for s in st.sampling.stop) + 1)
+    hits = [i for i in (text.find(s, lo) for s in st.sampling.stop) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def advance(st: RequestState, msg) -> Outcome:
     if isinstance(msg, StepDelta):
-        st.apply(msg)
-        if st.params.stop and tokenizer is not None:
-            text = visible_text(st, tokenizer)
-            hits = [i for i in (text.find(s) for s in st.params.stop) if i >= 0]
-            if hits:
-                return Outcome(output=st.finish(text[: min(hits)], text_cut=True), abort_worker=True)
-        return Outcome()
+        added = st.apply(msg)
+        if added is not None and st.sampling.stop:
+            text = st.tentative_text
+            hit = _stop_hit(st, text, added)
+            if hit >= 0:
+                return Outcome(added, output=st.finish(text[:hit], text_cut=True), abort_worker=True)
+        return Outcome(added or "")
     if isinstance(msg, BlockDone):
-        st.block_done(msg.num_steps)
+        st.block_done(msg.num_steps, msg.policy)
         if msg.is_final or not st.has_next_block:
-            return Outcome(output=st.finish(visible_text(st, tokenizer)))
-        return Outcome(next_block=st.submit_msg())
+            return Outcome(output=st.finish())
+        return Outcome(continued=msg.continued, next_block=not msg.continued)
     if isinstance(msg, RequestFailed):
-        return Outcome(output=st.finish(visible_text(st, tokenizer), finish_reason="error", error=msg.message))
+        return Outcome(output=st.finish(finish_reason="error", error=msg.message))
     raise TypeError(f"unexpected message {type(msg).__name__}")

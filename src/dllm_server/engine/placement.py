@@ -52,3 +52,16 @@ def worker_roles(placement: str, num_workers: int, num_prefill_workers: int) -> 
     if placement == "colocated":
         return ["colocated"] * num_workers
     return ["prefill"] * num_prefill_workers + ["decode"] * num_workers
+
+
+def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int) -> bool:
+    """Would the router run this request's next block where its current one runs? Colocated
+    placement only (elsewhere every block goes back through a prefill worker): yes when no other
+    worker that could hold the canvas has fewer outstanding prefill tokens (ties stay put: the
+    worker already holds the canvas and its pages). `loads` must not count the request's own
+    current block."""
+    if placement != "colocated":
+        return False
+    fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
+    here = next((w for w in fit if w.worker_id == current), None)
+    return here is not None and all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)

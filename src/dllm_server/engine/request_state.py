@@ -1,6 +1,11 @@
-"""RequestState: the request side's view of one generation (host canvas, block progress,
-stats) and the assembly of its final output. Shared by the offline LLM and the serving engine;
-knows nothing of HTTP, queues or workers."""
+"""RequestState: the request side's view of one generation (host canvas, block progress, the
+visible text so far, stats) and the assembly of its final output. Shared by the offline LLM and
+the serving engine; knows nothing of HTTP, queues or workers.
+
+Per step the work is proportional to what the step committed, not to the answer's length: the
+canvas is a plain list, the committed prefix (every position up to the first mask, stopping at
+the first stop token and at max_tokens) only grows, and its text is detokenized incrementally.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..decoding.canvas import answer_len, num_blocks
-from ..decoding.params import SamplingParams
-from ..decoding.stop import visible_len
+from ..decoding.params import BlockPolicy, DecodeParams, SamplingParams
 from ..messages import StepDelta, SubmitBlock
+from .detok import IncrementalDetokenizer
 
 
 @dataclass(slots=True)
@@ -19,6 +24,7 @@ class GenerationStats:
     steps_per_block: list[int] = field(default_factory=list)
     num_blocks_run: int = 0
     num_committed: int = 0
+    block_policies: list[BlockPolicy] = field(default_factory=list)   # the commit rule of each block run
 
     def tokens_per_forward(self, num_tokens: int) -> float:
         return num_tokens / self.num_forwards if self.num_forwards else 0.0
@@ -41,37 +47,67 @@ class GenerationOutput:
 
 
 class RequestState:
-    def __init__(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
-                 mask_id: int, stop_ids: tuple[int, ...], arrival_seq: int):
+    def __init__(self, request_id: str, prompt: str | None, prompt_ids: list[int], sampling: SamplingParams,
+                 params: DecodeParams, mask_id: int, stop_ids: tuple[int, ...], arrival_seq: int,
+                 decode=None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = prompt_ids
-        self.params = params
+        self.sampling = sampling          # what the user asked for (stop strings, steps, threshold...)
+        self.params = params              # resolved, shared by every block
         self.mask_id = mask_id
         self.stop_ids = stop_ids
+        self._stop_set = frozenset(() if params.ignore_eos else stop_ids)
         self.arrival_seq = arrival_seq
         self.prompt_len = len(prompt_ids)
         self.answer_len = answer_len(params.max_tokens, params.block_length)
         self.num_blocks = num_blocks(params.max_tokens, params.block_length)
-        self.canvas = torch.full((self.prompt_len + self.answer_len,), mask_id, dtype=torch.int64)
-        self.canvas[: self.prompt_len] = torch.tensor(prompt_ids, dtype=torch.int64)
+        self.answer = [mask_id] * self.answer_len
         self.block_index = 0
         self.stats = GenerationStats()
-        self.stop_ids_tensor = torch.tensor(stop_ids, dtype=torch.int64)
+        self._limit = min(params.max_tokens, self.answer_len)
+        self.prefix_end = 0               # answer[:prefix_end] is committed and holds no stop token
+        self.stopped = False              # the committed prefix ended at a stop token
+        self.detok = IncrementalDetokenizer(decode) if decode is not None else None
 
-    def submit_msg(self) -> SubmitBlock:
-        return SubmitBlock(self.request_id, self.block_index, self.prompt_len, self.canvas.clone(),
-                           self.params, self.stop_ids, self.arrival_seq)
+    def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0) -> SubmitBlock:
+        """The current block for a worker that does not hold this request's canvas."""
+        canvas = torch.tensor(self.prompt_ids + self.answer, dtype=torch.int64)
+        return SubmitBlock(self.request_id, self.block_index, self.prompt_len, canvas, self.params, policy,
+                           self.stop_ids, self.arrival_seq, step_offset, then=then)
 
-    def apply(self, delta: StepDelta) -> None:
-        if delta.positions:
-            self.canvas[list(delta.positions)] = torch.tensor(delta.token_ids, dtype=torch.int64)
+    def apply(self, delta: StepDelta) -> str | None:
+        """Commit a step's positions; returns the stable text it added ("" if none), or None when
+        the committed prefix did not grow."""
+        base = self.prompt_len
+        answer = self.answer
+        for pos, tok in zip(delta.positions, delta.token_ids):
+            answer[pos - base] = tok
         self.stats.num_forwards += 1
         self.stats.num_committed += len(delta.positions)
+        return self._advance_prefix()
 
-    def block_done(self, num_steps: int) -> None:
+    def _advance_prefix(self) -> str | None:
+        start = end = self.prefix_end
+        answer, mask, stops = self.answer, self.mask_id, self._stop_set
+        while end < self._limit and not self.stopped:
+            tok = answer[end]
+            if tok == mask:
+                break
+            if tok in stops:
+                self.stopped = True
+                break
+            end += 1
+        if end == start:
+            return None
+        self.prefix_end = end
+        return self.detok.push(answer[start:end]) if self.detok is not None else ""
+
+    def block_done(self, num_steps: int, policy: BlockPolicy | None) -> None:
         self.stats.steps_per_block.append(num_steps)
         self.stats.num_blocks_run += 1
+        if policy is not None:
+            self.stats.block_policies.append(policy)
         self.block_index += 1
 
     @property
@@ -79,26 +115,45 @@ class RequestState:
         return self.block_index < self.num_blocks
 
     @property
-    def answer(self) -> torch.Tensor:
-        return self.canvas[self.prompt_len:]
+    def is_final(self) -> bool:
+        """Nothing visible can change: the committed prefix reached a stop token or the limit."""
+        return self.stopped or self.prefix_end >= self._limit
+
+    @property
+    def text(self) -> str:
+        """The stable visible text (complete characters of the committed prefix)."""
+        return self.detok.text if self.detok is not None else ""
+
+    @property
+    def tentative_text(self) -> str:
+        """The stable text and what its held-back tokens decode to for now (an incomplete
+        character shows as U+FFFD), as a full decode of the committed prefix would show it."""
+        return self.detok.flush() if self.detok is not None else ""
 
     def committed_prefix(self) -> list[int]:
         """Visible answer tokens up to the first still-masked position (safe to show)."""
-        a = self.answer[: visible_len(self.answer, self.stop_ids_tensor, self.params.max_tokens,
-                                      self.params.ignore_eos)]
-        masked = (a == self.mask_id).nonzero()
-        end = int(masked[0, 0]) if masked.numel() else a.numel()
-        return a[:end].tolist()
+        return self.answer[: self.prefix_end]
 
-    def finish(self, text: str, finish_reason: str | None = None, error: str | None = None,
+    def visible_len(self) -> int:
+        """Up to the first committed stop token anywhere in the answer (exclusive), capped at
+        max_tokens (the client's answer length once everything before it is committed)."""
+        if self._stop_set:
+            for i in range(self._limit):
+                if self.answer[i] in self._stop_set:
+                    return i
+        return self._limit
+
+    def finish(self, text: str | None = None, finish_reason: str | None = None, error: str | None = None,
                text_cut: bool = False) -> GenerationOutput:
-        """Final output. `text_cut`: a stop string ended the text (finish_reason "stop")."""
-        p = self.params
-        n = visible_len(self.answer, self.stop_ids_tensor, p.max_tokens, p.ignore_eos)
-        token_ids = self.answer[:n].tolist()
-        stopped_by_token = n < min(p.max_tokens, self.answer_len) and not p.ignore_eos
+        """Final output; `text` defaults to the whole visible text. `text_cut`: a stop string
+        ended the text (finish_reason "stop")."""
+        if text is None:
+            text = self.detok.flush() if self.detok is not None else ""
+        n = self.visible_len()
+        token_ids = self.answer[:n]
+        stopped_by_token = n < self._limit and not self.params.ignore_eos
         if stopped_by_token:
-            token_ids.append(int(self.answer[n]))
+            token_ids.append(self.answer[n])
         if finish_reason is None:
             finish_reason = "stop" if (stopped_by_token or text_cut) else "length"
         return GenerationOutput(self.request_id, self.prompt, self.prompt_ids, text, token_ids,

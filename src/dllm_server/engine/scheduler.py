@@ -1,7 +1,9 @@
-"""The central scheduler: one coroutine on the front process's asyncio loop that owns every
-request's state. It routes prefills and re-prefills by load, hands prefilled blocks to decode
-workers in disaggregated / hybrid placement, advances requests on worker messages, finishes,
-aborts and evicts them, and reacts to worker deaths. Placement math lives in placement.py."""
+"""The central scheduler: the front process's loop body that composes the request table, the
+worker table and the handoff state machine. It routes every block (prefills and re-prefills by
+load, placement.py), leases continuations to the worker that holds a request when the router
+would keep it there, advances requests on worker messages, finishes, aborts and evicts them, and
+reacts to worker deaths. Synchronous and clock-injectable: the asyncio engine (or a simulator)
+calls it; it sends through `send(worker_id, msg)`."""
 from __future__ import annotations
 
 import asyncio
@@ -10,168 +12,106 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from ..config import ServerConfig
-from ..messages import (Abort, BlockDone, HandoffDone, HandoffKV, InstallKV, KVSent, LoadReport, PrefillDone,
-                        ReceiveKV, StepDelta, SubmitBlock, WorkerFailed, WorkerReady)
-from .output import advance, canvas_text, visible_text
-from .placement import WorkerLoad, pick_decode_worker, pick_prefill_worker
-from .request_state import GenerationOutput, RequestState
-from .tokenize import Tokenizer
+from ..decoding.params import BlockPolicy
+from ..messages import (Abort, BlockDone, ContinueBlock, HandoffDone, InstallKV, KVSent, LoadReport, PrefillDone,
+                        SetPolicy, StepDelta, WorkerFailed, WorkerReady)
+from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
+from .output import advance, canvas_text
+from .placement import WorkerLoad, keeps_request, pick_prefill_worker
+from .policy import DecodePolicy
+from .request_state import GenerationOutput
+from .requests import STREAM_PROGRESS, STREAM_TEXT, Entry, RequestTable, StreamEvent
+from .stats import Counters, EngineStats, WorkerStats
+from .workers import WorkerTable
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class StreamEvent:
-    """What a client sees: a step's delta (and, when streaming, the visible text so far), or the
-    final output."""
+class _Retry:
     request_id: str
-    delta: StepDelta | None = None
-    text: str | None = None
-    canvas: str | None = None
-    output: GenerationOutput | None = None
-
-
-@dataclass(slots=True)
-class Entry:
-    state: RequestState
-    events: asyncio.Queue
-    stream_text: bool
-    arrived_at: float
-    stream_canvas: bool = False
-    worker: int | None = None          # worker holding the current block
-    handoff: Handoff | None = None     # the current block's move to a decode worker
-    charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
-    started: bool = False              # first step seen (no longer waiting)
-    first_token_at: float | None = None
-    first_step_at: float | None = None
-    stalled_since: float | None = None  # PrefillDone of a handoff; cleared by the block's first decode step
-
-    @property
-    def decode_worker(self) -> int | None:
-        return self.handoff.dst if self.handoff is not None else None
-
-
-@dataclass(slots=True)
-class Handoff:
-    """A block's move from its prefill worker to a decode worker. It completes when both the
-    prefill step is done (PrefillDone: the canvas the decode continues from) and the receiver
-    has the KV (HandoffDone); with streaming either can come first."""
-    block_index: int
-    pages: int
-    dst: int | None = None             # None: no decode worker had room yet
-    reserved: bool = False             # `pages` counted in dst's reserved_pages
-    steps: int | None = None           # forwards the block took on the prefill worker
-    relayed: bool = False              # the sender's KVSent went to dst: it has posted its receives
-    kv_ok: bool | None = None          # receiver's verdict: in place / refused (drained)
-
-
-@dataclass(slots=True)
-class WorkerInfo:
-    worker_id: int
-    role: str
-    ready: bool = False
-    alive: bool = True
-    num_pages: int = 0
-    page_size: int = 16
-    pid: int | None = None
-    report: LoadReport | None = None
-    reserved_pages: int = 0
-    outstanding_prefill_tokens: int = 0
-
-
-@dataclass(slots=True)
-class Counters:
-    kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
-    kv_transfers_failed: int = 0
-    kv_handoffs: int = 0
-    kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
-    prefills_overflowed: int = 0
-    worker_restarts: int = 0
-    canvas_positions: int = 0
+    policy: BlockPolicy
+    any_role: bool
+    step_offset: int
 
 
 class Scheduler:
-    def __init__(self, config: ServerConfig, roles: list[str], tokenizer: Tokenizer | None, send):
+    def __init__(self, config, roles: list[str], tokenizer, send: Callable[[int, object], None],
+                 policy: DecodePolicy, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.tokenizer = tokenizer
-        self.send = send                               # (worker_id, msg) -> None
-        self.workers = [WorkerInfo(i, r) for i, r in enumerate(roles)]
-        self.requests: dict[str, Entry] = {}
-        self.pending: collections.deque[str] = collections.deque()   # no worker could take them yet
-        self.decode_ready: collections.deque[str] = collections.deque()
-        self.num_waiting = 0
-        self.counters = Counters()
+        self.send = send
+        self.policy = policy
+        self.clock = clock
+        self.theta = config.overflow_threshold_tokens
+        self.workers = WorkerTable(roles, config.page_size, config.worker_policy())
+        self.requests = RequestTable()
+        self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock)
+        self.counts = collections.Counter()          # prefills_overflowed, blocks_continued, worker_restarts, ...
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self.ready_event = asyncio.Event()
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
-        self.model_args = None                         # from WorkerReady
-
-    # ---- worker table ----
-    def loads(self) -> list[WorkerLoad]:
-        out = []
-        for w in self.workers:
-            free = (w.report.free_pages if w.report else w.num_pages) - w.reserved_pages
-            out.append(WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens, free, w.num_pages,
-                                  w.ready and w.alive))
-        return out
-
-    @property
-    def is_healthy(self) -> bool:
-        return all(w.ready and w.alive for w in self.workers)
-
-    def pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.workers[0].page_size)
-
-    def min_capacity_pages(self) -> int:
-        roles = {"prefill"} if any(w.role == "prefill" for w in self.workers) else {"colocated"}
-        return min(w.num_pages for w in self.workers if w.role in roles)
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
-        self.requests[entry.state.request_id] = entry
-        self.num_waiting += 1
-        self._dispatch(entry, entry.state.submit_msg())
+        self.requests.add(entry)
+        self._dispatch(entry, self._block_policy(entry))
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         entry = self.requests.get(request_id)
-        if entry is None:
-            return
-        self._finish(entry, entry.state.finish(visible_text(entry.state, self.tokenizer), finish_reason=reason),
-                     abort_worker=True)
+        if entry is not None:
+            self._finish(entry, entry.state.finish(finish_reason=reason), abort_worker=True)
 
-    def _dispatch(self, entry: Entry, msg: SubmitBlock, allow_any_role: bool = False) -> None:
+    def _block_policy(self, entry: Entry, block_index: int | None = None) -> BlockPolicy:
         st = entry.state
-        tokens = msg.canvas.numel()
-        loads = self.loads()
-        if allow_any_role:   # fallback after a refused handoff: decode locally anywhere
-            loads = [WorkerLoad(w.worker_id, "colocated", w.outstanding_prefill_tokens, w.free_pages,
-                                w.num_pages, w.available) for w in loads]
-            wid = pick_prefill_worker(loads, "colocated", self.pages_for(tokens), 0)
+        return self.policy.block_policy(st, st.block_index if block_index is None else block_index)
+
+    def _dispatch(self, entry: Entry, policy: BlockPolicy, any_role: bool = False, step_offset: int = 0) -> None:
+        st = entry.state
+        tokens = st.prompt_len + st.answer_len
+        pages = self.workers.pages_for(tokens)
+        loads = self.workers.loads()
+        if any_role:   # fallback after a refused handoff: decode locally anywhere
+            loads = [dataclasses.replace(w, role="colocated") for w in loads]
+            wid = pick_prefill_worker(loads, "colocated", pages, 0)
         else:
-            wid = pick_prefill_worker(loads, self.config.placement, self.pages_for(tokens),
-                                      self.config.overflow_threshold_tokens)
+            wid = pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:
-            self.pending.append(st.request_id)
+            self.requests.pending.append(_Retry(st.request_id, policy, any_role, step_offset))
             return
         role = self.workers[wid].role
         if role == "decode":
-            self.counters.prefills_overflowed += 1
-        entry.handoff = None
-        if role == "prefill" and not allow_any_role:
-            entry.handoff = Handoff(msg.block_index, self.pages_for(tokens))
-            if self.config.kv_transfer == "layerwise":    # pick the receiver now: stream during prefill
-                self._reserve_receiver(entry.handoff)
-        stream_to = entry.decode_worker
-        if entry.handoff is not None or msg.handoff or msg.stream_to is not None:
-            msg = dataclasses.replace(msg, handoff=entry.handoff is not None, stream_to=stream_to)
+            self.counts["prefills_overflowed"] += 1
+        handoff = role == "prefill" and not any_role
+        stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
+        then = None if handoff else self._lease(entry, wid, loads)
+        msg = st.submit_msg(policy, then, step_offset)
+        if handoff:
+            msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
         entry.worker = wid
+        self._charge(entry, wid, tokens)
+        self.send(wid, msg)
+
+    def _lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
+        """The next block's policy if the router would keep the request on `wid`, else None."""
+        st = entry.state
+        if st.block_index + 1 >= st.num_blocks:
+            return None
+        if loads is None:
+            loads = self.workers.loads()
+            if entry.charged is not None:    # judge the other requests' load, not this one's own block
+                w, tokens = entry.charged
+                loads = [dataclasses.replace(x, outstanding_prefill_tokens=x.outstanding_prefill_tokens - tokens)
+                         if x.worker_id == w else x for x in loads]
+        keep = keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len))
+        return self._block_policy(entry, st.block_index + 1) if keep else None
+
+    def _charge(self, entry: Entry, wid: int, tokens: int) -> None:
         entry.charged = (wid, tokens)
         self.workers[wid].outstanding_prefill_tokens += tokens
-        self.send(wid, msg)
 
     def _uncharge(self, entry: Entry) -> None:
         if entry.charged is not None:
@@ -183,41 +123,30 @@ class Scheduler:
         rid = entry.state.request_id
         if abort_worker and entry.worker is not None and self.workers[entry.worker].alive:
             self.send(entry.worker, Abort(rid))
-        self._release(entry)
-        if not entry.started:
-            self.num_waiting -= 1
-            entry.started = True
-        self.requests.pop(rid, None)     # evicted: memory stays bounded
-        entry.events.put_nowait(StreamEvent(rid, output=output))
-
-    def _release(self, entry: Entry) -> None:
         self._uncharge(entry)
-        entry.stalled_since = None
-        h, entry.handoff = entry.handoff, None
-        if h is not None:
-            self._unreserve(h)
-            if h.dst is not None and h.relayed and h.kv_ok is not False and self.workers[h.dst].alive:
-                self.send(h.dst, Abort(entry.state.request_id))   # frees its pages once the data is in
+        self._run(self.handoffs.release(rid))
+        self.requests.remove(entry)
+        entry.events.put_nowait(StreamEvent(rid, output=output))
 
     # ---- worker messages ----
     def on_messages(self, wid: int, batch: list) -> None:
         for msg in batch:
             if isinstance(msg, LoadReport):
-                prev = self.workers[wid].report
-                if prev is None or msg.num_iterations > prev.num_iterations:
-                    self.trace.append((time.monotonic(), msg))
-                    self.counters.canvas_positions += msg.iteration_tokens
-                self.workers[wid].report = msg
+                if self.workers.on_report(wid, msg):
+                    self.trace.append((self.clock(), msg))
+                    self.counts["canvas_positions"] += msg.iteration_tokens
+            elif isinstance(msg, KVSent):
+                self._run(self.handoffs.on_kv_sent(msg))
+            elif isinstance(msg, HandoffDone):
+                self._run(self.handoffs.on_handoff_done(msg))
             elif isinstance(msg, WorkerReady):
-                self._on_ready(msg)
+                self.workers.on_ready(msg)
+                if self.workers.all_ready:
+                    self.ready_event.set()
             elif isinstance(msg, WorkerFailed):
                 log.error("worker %d failed:\n%s", wid, msg.traceback)
                 if not self.ready_event.is_set():
                     self.startup_failed(f"worker {wid} failed to start:\n{msg.traceback}")
-            elif isinstance(msg, HandoffDone):
-                self._on_handoff_done(msg)
-            elif isinstance(msg, KVSent):
-                self._relay(msg)
             else:
                 entry = self.requests.get(msg.request_id)
                 if entry is not None:
@@ -228,153 +157,115 @@ class Scheduler:
         self.failure = self.failure or reason
         self.failed_event.set()
 
-    def _on_ready(self, msg: WorkerReady) -> None:
-        w = self.workers[msg.worker_id]
-        w.ready, w.alive, w.num_pages, w.page_size, w.pid = True, True, msg.num_pages, msg.page_size, msg.pid
-        w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
-        self.model_args = msg.model_args
-        if all(x.ready for x in self.workers):
-            self.ready_event.set()
-
     def _on_request_message(self, entry: Entry, wid: int, msg) -> None:
         st = entry.state
         if isinstance(msg, StepDelta):
-            if msg.step == 0 or entry.charged is not None:
-                self._uncharge(entry)
-            if not entry.started:
-                entry.started = True
-                self.num_waiting -= 1
-            if entry.first_step_at is None:
-                entry.first_step_at = time.monotonic()
-            if msg.positions and entry.first_token_at is None:
-                entry.first_token_at = time.monotonic()
-            if entry.stalled_since is not None and wid == entry.worker and entry.handoff is None:
-                self.counters.kv_handoffs += 1
-                self.counters.kv_handoff_stall_seconds += time.monotonic() - entry.stalled_since
-                entry.stalled_since = None
-        if isinstance(msg, PrefillDone):
-            self._on_prefill_done(entry, msg)
+            self._on_step(entry, wid, msg)
+        elif isinstance(msg, PrefillDone):
+            self._run(self.handoffs.on_prefill_done(st.request_id, msg))
             return
-        outcome = advance(st, msg, self.tokenizer)
+        outcome = advance(st, msg)
         if isinstance(msg, StepDelta) and outcome.output is None:
-            text = visible_text(st, self.tokenizer) if entry.stream_text else None
-            canvas = canvas_text(st, self.tokenizer) if entry.stream_canvas else None
-            entry.events.put_nowait(StreamEvent(st.request_id, delta=msg, text=text, canvas=canvas))
+            if entry.stream == STREAM_PROGRESS:
+                entry.events.put_nowait(StreamEvent(st.request_id, msg, st.text, canvas_text(st, self.tokenizer)))
+            elif entry.stream == STREAM_TEXT and outcome.added:
+                entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
         if isinstance(msg, BlockDone):
-            entry.worker = None
-            self._release(entry)
+            self._uncharge(entry)
+            self._run(self.handoffs.release(st.request_id))
+            entry.worker = wid if outcome.continued else None
         if outcome.output is not None:
             self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
-        elif outcome.next_block is not None:
-            self._dispatch(entry, outcome.next_block)
+        elif outcome.continued:
+            self.counts["blocks_continued"] += 1
+            self._charge(entry, wid, st.prompt_len + st.answer_len)
+            then = self._lease(entry, wid)
+            if then is not None:
+                self.send(wid, ContinueBlock(st.request_id, st.block_index, then))
+        elif outcome.next_block:
+            self._dispatch(entry, self._block_policy(entry))
 
-    # ---- disaggregated handoff ----
-    def _reserve_receiver(self, h: Handoff) -> None:
-        h.dst = pick_decode_worker(self.loads(), h.pages)
-        if h.dst is not None:
-            self.workers[h.dst].reserved_pages += h.pages
-            h.reserved = True
+    def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
+        if msg.step == 0 or entry.charged is not None:
+            self._uncharge(entry)
+        self.requests.started(entry)
+        now = None
+        if entry.first_step_at is None:
+            entry.first_step_at = now = self.clock()
+        if msg.positions and entry.first_token_at is None:
+            entry.first_token_at = now or self.clock()
+        self.handoffs.on_step(entry.state.request_id, wid)
 
-    def _unreserve(self, h: Handoff) -> None:
-        if h.reserved:
-            self.workers[h.dst].reserved_pages -= h.pages
-            h.reserved = False
-
-    def _current(self, request_id: str, block_index: int) -> tuple[Entry | None, Handoff | None]:
-        entry = self.requests.get(request_id)
-        h = entry.handoff if entry is not None else None
-        return entry, h if h is not None and h.block_index == block_index else None
-
-    def _on_prefill_done(self, entry: Entry, msg: PrefillDone) -> None:
-        h = entry.handoff
-        if h is None or h.block_index != msg.block_index:
-            return
-        h.steps = msg.num_steps
-        entry.stalled_since = time.monotonic()
-        if h.dst is None:                       # held on the prefill worker until a receiver has room
-            self._send_held(entry)
-        elif h.kv_ok is False:
-            self._fall_back(entry)
-        elif h.relayed:
-            self._install(entry)
-
-    def _send_held(self, entry: Entry) -> None:
-        h = entry.handoff
-        self._reserve_receiver(h)
-        if h.dst is None:
-            self.decode_ready.append(entry.state.request_id)
-            return
-        self.send(entry.worker, HandoffKV(entry.state.request_id, h.dst))
-
-    def _relay(self, msg: KVSent) -> None:
-        """The sender's group, in its order, to the receiver; ended requests are drained there."""
-        kept = []                                # (entry, handoff) per item; None: drained there
-        for rid, block in zip(msg.request_ids, msg.block_indices):
-            entry, h = self._current(rid, block)
-            kept.append((entry, h) if h is not None and h.dst == msg.dst_worker else None)
-        if self.workers[msg.dst_worker].alive:
-            self.send(msg.dst_worker, ReceiveKV(msg.src_worker, msg.request_ids, msg.block_indices,
-                                                msg.canvas_lens, tuple(k is not None for k in kept), msg.tag_base))
-        for entry, h in filter(None, kept):
-            h.relayed = True
-            if h.steps is not None:
-                self._install(entry)
-
-    def _install(self, entry: Entry) -> None:
-        h = entry.handoff
-        self.send(h.dst, InstallKV(dataclasses.replace(entry.state.submit_msg(), step_offset=h.steps)))
-        if h.kv_ok:
-            self._complete(entry)
-
-    def _complete(self, entry: Entry) -> None:
-        entry.worker, entry.handoff = entry.handoff.dst, None
-
-    def _on_handoff_done(self, msg: HandoffDone) -> None:
-        if msg.is_sender:
-            self.counters.kv_transfer_bytes += msg.num_bytes
-            self.counters.kv_transfer_seconds += msg.seconds
-            return
-        entry, h = self._current(msg.request_id, msg.block_index)
-        if h is None or h.dst != msg.worker_id:
-            return
-        self._unreserve(h)                      # its load reports count the pages from now on
-        h.kv_ok = msg.ok
-        if not msg.ok:
-            self.counters.kv_transfers_failed += 1
-            if h.steps is not None:
-                self._fall_back(entry)
-        elif h.steps is not None:
-            self._complete(entry)
-
-    def _fall_back(self, entry: Entry) -> None:
-        """The receiver refused (pages short): re-prefill the block anywhere, decoding it there."""
-        steps = entry.handoff.steps
-        entry.handoff, entry.worker, entry.stalled_since = None, None, None
-        retry = dataclasses.replace(entry.state.submit_msg(), step_offset=steps, handoff=False, stream_to=None)
-        self._dispatch(entry, retry, allow_any_role=True)
+    def _run(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Send):
+                self.send(a.worker, a.msg)
+                continue
+            entry = self.requests.get(a.request_id)
+            if entry is None:
+                continue
+            if isinstance(a, InstallBlock):
+                self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, step_offset=a.steps)))
+            elif isinstance(a, Moved):
+                entry.worker = a.dst
+            elif isinstance(a, FallBack):
+                entry.worker = None
+                self._dispatch(entry, a.policy, any_role=True, step_offset=a.steps)
 
     def _retry_waiting(self) -> None:
-        for _ in range(len(self.decode_ready)):
-            entry = self.requests.get(self.decode_ready.popleft())
-            if entry is not None and entry.handoff is not None and entry.handoff.dst is None:
-                self._send_held(entry)
-        for _ in range(len(self.pending)):
-            entry = self.requests.get(self.pending.popleft())
+        self._run(self.handoffs.retry_held())
+        pending = self.requests.pending
+        for _ in range(len(pending)):
+            r = pending.popleft()
+            entry = self.requests.get(r.request_id)
             if entry is not None:
-                self._dispatch(entry, entry.state.submit_msg())
+                self._dispatch(entry, r.policy, r.any_role, r.step_offset)
+
+    # ---- runtime policy ----
+    def set_policy(self, worker_id: int | None = None, overflow_threshold_tokens: int | None = None,
+                   **changes) -> None:
+        """Change tau / the seat cap / the credit share of one worker (or all), applied at its
+        next iteration, and the hybrid overflow threshold theta of the router."""
+        if overflow_threshold_tokens is not None:
+            if overflow_threshold_tokens < 0:
+                raise ValueError(f"overflow_threshold_tokens: must be >= 0, got {overflow_threshold_tokens}")
+            self.theta = overflow_threshold_tokens
+        if not changes:
+            return
+        targets = list(self.workers) if worker_id is None else [self.workers[worker_id]]
+        new = [dataclasses.replace(w.policy, **changes) for w in targets]     # validates before any send
+        for w, policy in zip(targets, new):
+            w.policy = policy
+            if w.alive:
+                self.send(w.worker_id, SetPolicy(policy))
 
     # ---- failures ----
     def on_worker_lost(self, worker_ids: list[int], reason: str) -> None:
         """Fail (never hang) every request whose block lives on a lost worker."""
         lost = set(worker_ids)
-        for wid in lost:
-            w = self.workers[wid]
-            w.alive = w.ready = False
-            w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
-        for entry in list(self.requests.values()):
-            if {entry.worker, entry.decode_worker} & lost:
-                entry.charged = None if entry.charged and entry.charged[0] in lost else entry.charged
-                if entry.decode_worker in lost:
-                    entry.handoff = None
-                self._finish(entry, entry.state.finish(visible_text(entry.state, self.tokenizer),
-                                                       finish_reason="error", error=reason), abort_worker=True)
+        self.workers.lost(lost)
+        for entry in self.requests:
+            rid = entry.state.request_id
+            dst = self.handoffs.dst(rid)
+            if entry.worker in lost or dst in lost:
+                if entry.charged is not None and entry.charged[0] in lost:
+                    entry.charged = None
+                if dst in lost:
+                    self.handoffs.forget(rid)
+                self._finish(entry, entry.state.finish(finish_reason="error", error=reason), abort_worker=True)
+
+    # ---- observability ----
+    def stats(self, pids: dict[int, int | None] | None = None) -> EngineStats:
+        workers = tuple(WorkerStats(
+            w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
+            w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
+            w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
+            w.report.num_iterations if w.report else 0, w.policy, (pids or {}).get(w.worker_id))
+            for w in self.workers)
+        h = self.handoffs.counters
+        counters = Counters(h.kv_transfer_bytes, h.kv_transfer_seconds, h.kv_transfers_failed, h.kv_handoffs,
+                            h.kv_handoff_stall_seconds, **{k: self.counts[k] for k in
+                            ("prefills_overflowed", "blocks_continued", "worker_restarts", "canvas_positions")})
+        n_wait = self.requests.num_waiting
+        return EngineStats(len(self.requests) - n_wait, n_wait, len(self.requests.pending), len(self.handoffs.held),
+                           workers, counters, self.theta)

@@ -35,9 +35,6 @@ class Tokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
-    def special_ids(self) -> set[int]:
-        return set(self.hf.all_special_ids)
-
     def end_of_turn_ids(self) -> set[int]:
         ids = set()
         for tok in END_OF_TURN_TOKENS:

@@ -1,29 +1,26 @@
 """Worker processes: spawn (torch.multiprocessing, spawn context), one inbox and one outbox per
 worker, a reader thread per outbox feeding the asyncio loop, liveness by process state, restart
-and join. Holds no policy: deaths and messages are handed to callbacks on the loop."""
+and join. Holds no policy: deaths and messages are handed to callbacks on the loop.
+
+This is the front process's one seam to the worker side: the only engine/ or api/ module that
+imports from worker/ (the process entry point it spawns). Everything else crosses as messages."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
 import queue
-import socket
 import threading
 from dataclasses import dataclass
 
 import torch.multiprocessing as mp
 
 from ..config import ServerConfig
-from ..messages import Shutdown
-from ..worker.main import WorkerSpec, worker_main
+from ..launch import free_port
+from ..messages import Shutdown, WorkerSpec
+from ..worker.main import worker_main
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(slots=True)
@@ -32,13 +29,13 @@ class _Slot:
     process: object
     inbox: object
     outbox: object
-    generation: int
 
 
 class WorkerPool:
     def __init__(self, config: ServerConfig, model_path: str, roles: list[str], devices: list[str],
                  loop: asyncio.AbstractEventLoop, on_messages, on_death):
         self.config = config
+        self.worker_config = config.worker_config()     # workers get only what they need
         self.model_path = model_path
         self.roles = roles
         self.devices = devices
@@ -47,7 +44,6 @@ class WorkerPool:
         self.on_death = on_death            # (worker_id, exitcode) on the loop
         self.ctx = mp.get_context("spawn")
         self.slots: dict[int, _Slot] = {}
-        self._generation = 0
         self._stopping = False
         # Leave a core to the front process: OpenMP threads that lose their core to it spin at
         # barriers, which on 2 cores made a 2-thread worker 15x slower (bench/http_vs_offline.py).
@@ -64,16 +60,15 @@ class WorkerPool:
             self._start(wid, port)
 
     def _start(self, wid: int, port: int) -> None:
-        self._generation += 1
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid], self.threads, self.model_path,
                           len(self.roles) if self.uses_process_group else 1, port, peers)
         inbox, outbox = self.ctx.Queue(), self.ctx.Queue()
-        proc = self.ctx.Process(target=worker_main, args=(spec, self.config, inbox, outbox),
+        proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox),
                                 name=f"dllm-worker-{wid}", daemon=True)
         proc.start()
-        slot = _Slot(spec, proc, inbox, outbox, self._generation)
+        slot = _Slot(spec, proc, inbox, outbox)
         self.slots[wid] = slot
         threading.Thread(target=self._read, args=(slot,), name=f"dllm-outbox-{wid}", daemon=True).start()
 
@@ -93,9 +88,6 @@ class WorkerPool:
 
     def pid(self, wid: int) -> int | None:
         return self.slots[wid].process.pid
-
-    def is_current(self, wid: int, generation: int) -> bool:
-        return wid in self.slots and self.slots[wid].generation == generation
 
     def _read(self, slot: _Slot) -> None:
         """Forward a worker's batches to the loop; report its death within ~0.1 s."""

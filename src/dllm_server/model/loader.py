@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from ..checkpoint import read_config
 from . import dream, llada
 from .args import ModelArgs
 from .layers import Rotary
@@ -25,14 +26,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "float64": torch.float64}
 
 
-def read_config(path: str | Path) -> dict:
-    folder = Path(path)
-    cfg_file = folder / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"model: {folder} has no config.json (expected a Hugging Face checkpoint folder)")
-    return json.loads(cfg_file.read_text())
-
-
 def architecture_of(cfg: dict) -> str:
     for name in cfg.get("architectures") or []:
         if name in ARCHITECTURES:
@@ -41,11 +34,6 @@ def architecture_of(cfg: dict) -> str:
         return MODEL_TYPES[cfg["model_type"]]
     raise ValueError(f"model: unsupported architecture {cfg.get('architectures')} / model_type "
                      f"{cfg.get('model_type')!r}; supported: {sorted(ARCHITECTURES)}")
-
-
-def model_args(path: str | Path) -> ModelArgs:
-    cfg = read_config(path)
-    return ARCHITECTURES[architecture_of(cfg)][0](cfg)
 
 
 def resolve_dtype(requested: str, cfg: dict, device: torch.device) -> torch.dtype:

@@ -1,0 +1,62 @@
+"""The per-row commit rule of one denoising step: which masked positions of each active block
+commit, and to which tokens. Pure tensor function over a batch; each row carries its own
+request params (sampler, seed) and its block's policy (threshold / factor / fixed steps), so
+rows of one batch, and blocks of one request, may follow different rules.
+
+Sampling runs where the logits are (no [B, K, V] copy to the host); only the commit mask and the
+proposals come back, in one device-to-host transfer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import unmask
+from .canvas import transfer_counts
+from .params import BlockPolicy, DecodeParams
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRow:
+    """One block's row of the step: its width, how it samples and how it commits."""
+    width: int
+    params: DecodeParams
+    policy: BlockPolicy
+    block_index: int
+    step: int                       # forwards this block has already had (0 = its full forward)
+
+
+def fixed_count(policy: BlockPolicy, block_length: int, step: int) -> int:
+    """Commits this step under the fixed-steps schedule, or -1 when the block has none."""
+    if policy.steps is None:
+        return -1
+    schedule = transfer_counts(block_length, policy.steps)
+    return schedule[min(step, len(schedule) - 1)]
+
+
+def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow],
+                mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, K, V] on the device; masked [B, K] (host or device) marks each row's still-masked
+    block positions (padding past a row's width is never masked). Returns host tensors
+    (commit bool [B, K], tokens int64 [B, K]); at least one position of every row with a mask
+    commits."""
+    dev = logits.device
+    masked = masked.to(dev)
+    widths = [r.width for r in rows]
+    gens = [unmask.step_generator(r.params.seed, r.block_index, r.step, dev) if r.params.needs_rng else None
+            for r in rows]
+    tokens, conf = unmask.propose(logits, [r.params.temperature for r in rows], gens, widths, mask_id,
+                                  [r.params.top_p for r in rows])
+    score = unmask.random_scores(widths, gens, logits.shape[1], [r.params.remasking == "random" for r in rows],
+                                 conf)
+    nan = float("nan")
+    threshold = torch.tensor([r.policy.threshold for r in rows], dtype=torch.float64, device=dev)
+    factor = torch.tensor([nan if r.policy.factor is None else r.policy.factor for r in rows],
+                          dtype=torch.float64, device=dev)
+    fixed = torch.tensor([fixed_count(r.policy, r.params.block_length, r.step) for r in rows],
+                         dtype=torch.int64, device=dev)
+    count = unmask.commit_counts(score, masked, threshold, factor, fixed)
+    commit = unmask.select_commits(score, masked, count)
+    host = torch.stack((commit.to(torch.int64), tokens)).cpu()     # the step's one device-to-host sync
+    return host[0].bool(), host[1]

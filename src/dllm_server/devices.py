@@ -1,0 +1,35 @@
+"""Device resolution, written once: `auto` means CUDA when available; workers that hand KV over
+need a GPU each. Used by the engine (one device per worker) and the offline LLM."""
+from __future__ import annotations
+
+
+def resolve_device(name: str) -> str:
+    """`auto` -> "cuda" or "cpu"; an explicit "cuda" without a device is a clear error."""
+    import torch
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be cpu, cuda or auto, got {name!r}")
+    return name
+
+
+def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
+    """Workers that hand KV over (NCCL) need a GPU each: NCCL refuses two ranks on one device.
+    Colocated workers share GPUs round-robin."""
+    if placement != "colocated" and num_workers > num_gpus:
+        raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker for the NCCL KV "
+                         f"handoff ({num_workers} workers, {num_gpus} GPUs); use fewer workers, more GPUs, "
+                         f"colocated placement or --device cpu")
+
+
+def worker_devices(device: str, placement: str, num_workers: int) -> list[str]:
+    """The device of every worker: CUDA devices round-robin, or the CPU for all."""
+    import torch
+    kind = resolve_device(device)
+    if kind == "cpu":
+        return ["cpu"] * num_workers
+    count = torch.cuda.device_count()
+    check_gpu_count(placement, num_workers, count)
+    return [f"cuda:{i % count}" for i in range(num_workers)]

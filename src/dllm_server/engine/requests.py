@@ -1,0 +1,112 @@
+"""The front process's request table (every request in flight, how many have not started, which
+wait for a worker with room) and what a client-facing caller holds of one request: its handle,
+whose events are the visible text as it grows, denoising progress if asked for, and the final
+output."""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+
+from ..messages import StepDelta
+from .request_state import GenerationOutput, RequestState
+
+# What a request's consumer wants besides the final output.
+STREAM_NONE, STREAM_TEXT, STREAM_PROGRESS = "none", "text", "progress"
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    """What a client sees: new visible text (text streams), a step (progress streams), or the
+    final output."""
+    request_id: str
+    delta: StepDelta | None = None
+    text: str | None = None           # the whole stable visible text so far
+    canvas: str | None = None         # progress streams: the answer with masks shown
+    output: GenerationOutput | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    state: RequestState
+    events: asyncio.Queue
+    stream: str
+    arrived_at: float
+    worker: int | None = None          # worker holding the current block
+    charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
+    started: bool = False              # first step seen (no longer waiting)
+    first_token_at: float | None = None
+    first_step_at: float | None = None
+    done: bool = False
+
+
+class RequestHandle:
+    """A submitted request as its caller sees it: identity, timings and abort. Its events come
+    from AsyncEngine.generate(handle)."""
+
+    def __init__(self, entry: Entry, abort):
+        self._entry = entry
+        self._abort = abort
+
+    @property
+    def request_id(self) -> str:
+        return self._entry.state.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return self._entry.state.prompt_len
+
+    @property
+    def arrived_at(self) -> float:
+        return self._entry.arrived_at
+
+    @property
+    def first_step_at(self) -> float | None:
+        return self._entry.first_step_at
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self._entry.first_token_at
+
+    @property
+    def finished(self) -> bool:
+        return self._entry.done
+
+    def abort(self) -> None:
+        self._abort(self.request_id)
+
+
+@dataclass(slots=True)
+class RequestTable:
+    entries: dict[str, Entry] = field(default_factory=dict)
+    num_waiting: int = 0                               # admitted, no step seen yet
+    pending: collections.deque = field(default_factory=collections.deque)   # no worker could take them yet
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(list(self.entries.values()))
+
+    def get(self, request_id: str) -> Entry | None:
+        return self.entries.get(request_id)
+
+    def add(self, entry: Entry) -> None:
+        self.entries[entry.state.request_id] = entry
+        self.num_waiting += 1
+
+    def started(self, entry: Entry) -> None:
+        if not entry.started:
+            entry.started = True
+            self.num_waiting -= 1
+
+    def remove(self, entry: Entry) -> None:
+        """Evict: memory stays bounded."""
+        self.started(entry)
+        entry.done = True
+        self.entries.pop(entry.state.request_id, None)
+
+    def take_pending(self) -> list[Entry]:
+        out = [self.entries[rid] for rid in self.pending if rid in self.entries]
+        self.pending.clear()
+        return out

@@ -1,0 +1,74 @@
+"""One typed snapshot of the engine's state: what /metrics, the server's periodic stats line, tests
+and benchmarks read. Built on demand (cheap: a few fields per worker); never mutated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import WorkerPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Monotonic counters since start."""
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfers_failed: int = 0
+    kv_handoffs: int = 0
+    kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
+    prefills_overflowed: int = 0
+    blocks_continued: int = 0               # next blocks queued in place (no trip through the router)
+    worker_restarts: int = 0
+    canvas_positions: int = 0               # positions fed through the model
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    worker_id: int
+    role: str
+    up: bool                      # ready and alive
+    num_pages: int
+    free_pages: int               # as last reported (num_pages before the first report)
+    reserved_pages: int           # promised to handoffs on their way in
+    outstanding_prefill_tokens: int   # routed there, not yet started
+    num_active_decodes: int
+    iteration_tokens: int         # fed by its last iteration
+    deficit_tokens: int
+    num_iterations: int
+    policy: WorkerPolicy
+    pid: int | None = None
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - self.free_pages
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int              # requests with a step seen
+    num_waiting: int              # admitted, no step yet
+    num_pending: int              # no worker could take them yet (of num_waiting)
+    num_held: int                 # prefilled blocks waiting for a decode worker with room
+    workers: tuple[WorkerStats, ...]
+    counters: Counters
+    overflow_threshold_tokens: int
+
+    @property
+    def num_requests(self) -> int:
+        return self.num_running + self.num_waiting
+
+    @property
+    def kv_pages_total(self) -> int:
+        return sum(w.num_pages for w in self.workers)
+
+    @property
+    def kv_pages_used(self) -> int:
+        return sum(w.used_pages for w in self.workers)
+
+    @property
+    def kv_usage(self) -> float:
+        total = self.kv_pages_total
+        return self.kv_pages_used / total if total else 0.0
+
+    @property
+    def workers_up(self) -> int:
+        return sum(w.up for w in self.workers)

@@ -1,0 +1,90 @@
+"""The front process's table of workers: role, readiness and liveness, their latest load report,
+the pages promised to in-flight handoffs and the prefill tokens routed to them but not yet
+started. Plain state with small methods; no messages are sent from here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import WorkerPolicy
+from ..messages import LoadReport, ModelInfo, WorkerReady
+from .placement import WorkerLoad
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    worker_id: int
+    role: str
+    policy: WorkerPolicy                 # what the front last asked of it (SetPolicy)
+    page_size: int
+    ready: bool = False
+    alive: bool = True
+    num_pages: int = 0
+    report: LoadReport | None = None
+    reserved_pages: int = 0              # promised to handoffs on their way in
+    outstanding_prefill_tokens: int = 0  # routed here, not yet started
+
+    @property
+    def available(self) -> bool:
+        return self.ready and self.alive
+
+    @property
+    def free_pages(self) -> int:
+        return (self.report.free_pages if self.report else self.num_pages) - self.reserved_pages
+
+
+class WorkerTable:
+    def __init__(self, roles: list[str], page_size: int, policy: WorkerPolicy):
+        self.workers = [WorkerInfo(i, r, policy, page_size) for i, r in enumerate(roles)]
+        self.model: ModelInfo | None = None
+
+    def __getitem__(self, wid: int) -> WorkerInfo:
+        return self.workers[wid]
+
+    def __iter__(self):
+        return iter(self.workers)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def loads(self) -> list[WorkerLoad]:
+        return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens, w.free_pages, w.num_pages, w.available)
+                for w in self.workers]
+
+    @property
+    def all_ready(self) -> bool:
+        return all(w.ready for w in self.workers)
+
+    @property
+    def is_healthy(self) -> bool:
+        return all(w.available for w in self.workers)
+
+    @property
+    def has_prefill_role(self) -> bool:
+        return any(w.role == "prefill" for w in self.workers)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.workers[0].page_size)
+
+    def min_capacity_pages(self) -> int:
+        """The smallest pool a canvas may have to fit (where its prefills run)."""
+        roles = {"prefill"} if self.has_prefill_role else {"colocated"}
+        return min(w.num_pages for w in self.workers if w.role in roles)
+
+    def on_ready(self, msg: WorkerReady) -> None:
+        w = self.workers[msg.worker_id]
+        w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
+        w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
+        self.model = msg.model
+
+    def on_report(self, wid: int, msg: LoadReport) -> bool:
+        """Store a load report; True when it reports a new iteration."""
+        w = self.workers[wid]
+        new = w.report is None or msg.num_iterations > w.report.num_iterations
+        w.report = msg
+        return new
+
+    def lost(self, wids: set[int]) -> None:
+        for wid in wids:
+            w = self.workers[wid]
+            w.alive = w.ready = False
+            w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0

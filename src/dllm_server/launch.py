@@ -1,0 +1,80 @@
+"""Starting `dllm-server serve` as a subprocess on a free loopback port and waiting for /health:
+the one helper tests, benchmarks and scripts share (the engine uses `free_port` for its
+torch.distributed rendezvous)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Signal the server, wait for it; kill its whole process group if it does not exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def serve(model: str | Path | None, *flags: str, log_path: str | Path, env: dict | None = None, wait: bool = True,
+          timeout_s: float = 120) -> ServerProcess:
+    """`dllm-server serve [model] --port <free> *flags`, output to `log_path`, in its own session
+    (so a stop can take the whole process group)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "dllm_server.cli", "serve", *([str(model)] if model else []), "--port", str(port),
+           *flags]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", str(log_path))
+    if wait:
+        try:
+            wait_healthy(server, timeout_s)
+        except BaseException:
+            server.stop(signal.SIGKILL, timeout=5)
+            raise
+    return server
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float = 120) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not healthy after {timeout_s:.0f} s:\n{server.log()[-4000:]}")

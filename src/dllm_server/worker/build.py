@@ -1,0 +1,33 @@
+"""Building a WorkerCore from a checkpoint folder: the model, its KV pool, the model stepper and,
+for a worker that hands KV over, the handoff ends. Used by worker processes and the offline LLM,
+so both run exactly the same core."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..config import WorkerConfig
+from ..messages import ModelInfo
+from ..model.args import ModelArgs
+from ..model.loader import load_model
+from .core import WorkerCore
+from .handoff import WorkerHandoffs
+from .kv_pool import KVPool
+from .kv_transfer import Waiter
+from .model_step import ModelStepper
+
+
+def model_info(args: ModelArgs) -> ModelInfo:
+    return ModelInfo(args.arch, args.vocab_size, args.embedding_size, args.mask_id, args.eos_id, args.max_len,
+                     args.hidden, args.num_layers, args.num_heads, args.num_kv_heads, args.head_dim, args.mlp_hidden)
+
+
+def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,
+               transfers: bool = False, emit: Callable[[list], None] | None = None) -> tuple[WorkerCore, ModelInfo]:
+    """`transfers`: this worker sends or receives KV (a torch.distributed group must exist)."""
+    model, args, dtype = load_model(model_path, config.dtype, device)
+    pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.num_kv_heads, args.head_dim, dtype, device)
+    stepper = ModelStepper(config, model, args, pool, device)
+    handoffs = WorkerHandoffs(worker_id, pool, Waiter(device)) if transfers else None
+    return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit), model_info(args)

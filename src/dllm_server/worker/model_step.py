@@ -1,0 +1,105 @@
+"""One iteration's model work: the packed forward of every admitted prefill and seated decode, then
+the commit rule per row. WorkerCore decides *what* runs; this decides nothing and only computes.
+It is the seam a simulator replaces (a behaviour model instead of a forward): `run` takes the
+blocks and returns, per block, which positions commit and to which tokens.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from ..config import WorkerConfig
+from ..decoding.commit import CommitRow, commit_step
+from ..model.args import ModelArgs
+from .cuda_graph import DecodeGraphs
+from .kv_pool import KVPool
+from .runner import ForwardItem, ModelRunner, fed_range
+
+log = logging.getLogger(__name__)
+
+
+class StepBlock(Protocol):
+    """What a step needs of a block (worker/core.py BlockTask)."""
+    canvas: torch.Tensor
+    start: int
+    end: int
+    step: int
+    block_index: int
+    alloc: object
+    params: object
+    policy: object
+
+
+@dataclass(slots=True)
+class StepResult:
+    commit: torch.Tensor          # bool [B, K], host: positions committed per block (block-relative)
+    tokens: torch.Tensor          # int64 [B, K], host
+    forward_s: float
+
+
+class Stepper(Protocol):
+    def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult: ...
+
+
+class _ForwardTimer:
+    """Wall time of the forward on the CPU; on CUDA, device time between two events (the launch
+    returns before the kernels run), read once the step's copy to the host has synchronised."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
+
+
+class ModelStepper:
+    def __init__(self, config: WorkerConfig, model: torch.nn.Module, args: ModelArgs, pool: KVPool,
+                 device: torch.device):
+        self.config = config
+        self.args = args
+        graphs = None
+        if device.type == "cuda" and not config.enforce_eager and not config.causal:
+            graphs = DecodeGraphs(model, args, pool, device, config.policy.max_active_decodes, capture=True)
+            t0 = time.perf_counter()
+            n = graphs.capture_all(config.block_length)
+            log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
+                     time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
+        self.runner = ModelRunner(model, args, pool, device, causal=config.causal,
+                                  attention_backend=config.attention_backend, decode_graphs=graphs)
+
+    def _item(self, t: StepBlock, is_prefill: bool) -> ForwardItem:
+        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.args.logit_shift)
+        return ForwardItem(t.canvas, t.alloc, a, b, t.start, t.end)
+
+    def fed_tokens(self, t: StepBlock, is_prefill: bool) -> int:
+        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.args.logit_shift)
+        return b - a
+
+    def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
+        batch = prefills + decodes
+        items = [self._item(t, True) for t in prefills] + [self._item(t, False) for t in decodes]
+        timer = _ForwardTimer(self.runner.device)
+        logits = self.runner.forward(items, layer_done=layer_done, decode_only=not prefills)
+        timer.stop()
+        mask_id = self.args.mask_id
+        masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
+        for i, t in enumerate(batch):
+            masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
+        rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step) for t in batch]
+        commit, tokens = commit_step(logits, masked, rows, mask_id)
+        return StepResult(commit, tokens, timer.seconds())   # after the commit's host copy: no extra sync
