@@ -2,6 +2,7 @@
 run iterations and send each iteration's messages in one put. Policy lives in the core."""
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -38,6 +39,9 @@ def worker_main(spec: WorkerSpec, config: ServerConfig, inbox, outbox) -> None:
     # sent to the whole process group must not kill workers under a draining server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A spawned process starts with logging unconfigured, which drops INFO (the CUDA graph
+    # capture summary) from the server's log; same format as the front's.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         _run(spec, config, inbox, outbox)
     except Exception:
