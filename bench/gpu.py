@@ -6,10 +6,13 @@ weights built on the device, then
   3. dual-cache block step time vs batch 1..64 (32 query tokens each, canvas 512+256);
   4. full-canvas prefill time vs length 256..4096;
   5. closed-batch serving through the offline LLM: default scheduler vs the batch-1 baseline
-     (a --serve-layers model of the same width: writing 16 GB of safetensors is too slow here).
-Markdown tables go to stdout; everything goes to --out (JSON, rewritten after every phase).
+     (a --serve-layers model of the same width: writing 16 GB of safetensors is too slow here);
+  6. capacity at matched latency behind the real server (gpu_capacity.py).
+Markdown tables go to stdout; everything goes to --out (JSON, rewritten after every phase, with
+the log's tail and each failed phase's traceback). The frame is gpu_harness.py.
 
-    python bench/gpu.py                                   # on the GPU box
+    python bench/gpu.py                                   # on the GPU box (scripts/gpu_run.sh)
+    python bench/gpu.py --only serving,capacity           # the fallback after a run cut short
     python bench/gpu.py --smoke --out /tmp/gpu.json       # CPU, tiny shapes, < 1 minute (CI)
 """
 from __future__ import annotations
@@ -252,8 +255,9 @@ def main() -> int:
         return st["ckpt"]
 
     def serving():
-        # The closed batch sizes itself to the time left; keep ~2 minutes for the capacity search.
-        left = (lambda: b.left() - 120.0) if gpu and b.wanted("capacity") else b.left
+        # The closed batch sizes itself to the time left; keep 3 minutes for the capacity phase (two
+        # server starts of ~30 s, two searches of >= 33 s at 0.3 s per request, two stops).
+        left = (lambda: b.left() - 180.0) if gpu and b.wanted("capacity") else b.left
         r = P.serving_comparison(checkpoint(), margs, sh, device, str(dtype).removeprefix("torch."), left, a.seed)
         r.update({"checkpoint_write_s": st["checkpoint_write_s"], "model": f"{a.serve_layers} layers of the benchmarked width "
                   f"(d={cfg['d_model']}, vocab {cfg['vocab_size']}), not {cfg['n_layers']}",

@@ -2,9 +2,10 @@
 # The one prepared command for a lent GPU machine (docs/gpu.md, "Running it"): install the carried
 # wheels ahead of the image's packages, record the environment, then run bench/gpu.py with its
 # results under $OUT. Arguments go to bench/gpu.py after the defaults here, so they win.
-#   first run: carry [".whl"], command "bash scripts/gpu_run.sh", timeout_s 480
-#   fallback:  carry [".whl"], command "bash scripts/gpu_run.sh --only serving,capacity --time-budget-s 170",
-#              timeout_s 220 (or "--skip-serving --time-budget-s 170" when the early phases were cut)
+#   first run:  carry [".whl"], command "bash scripts/gpu_run.sh", timeout_s 480
+#   fallback A: "bash scripts/gpu_run.sh --only capacity --time-budget-s 190", timeout_s 230
+#   fallback B: "bash scripts/gpu_run.sh --only correctness,gemm,decode,prefill --time-budget-s 190", 230
+#   (which one, and when: docs/gpu.md, "The first run on a lent H200")
 # GPU_RUN_WHEELS / GPU_RUN_SITE move the wheel folder and the install target (a CPU rehearsal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
