@@ -12,6 +12,7 @@ may JIT-compile kernels for minutes, and a CUDA fault must not poison the parent
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -28,8 +29,21 @@ from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
 
+def unavailable(device) -> str | None:
+    """Why the phase cannot run, found without a child (which spends seconds importing torch)."""
+    if torch.device(device).type != "cuda":
+        return f"no CUDA device (device={torch.device(device).type})"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer not installed (pip install flashinfer-python matching torch / CUDA)"
+    return None
+
+
 def run_child(script: Path, out: Path, device, dtype, seed: int, smoke: bool, layers: int | None,
               limit_s: float) -> dict:
+    reason = unavailable(device)
+    if reason:
+        print(f"FlashInfer check skipped: {reason}")
+        return {"skipped": reason}
     tmp = out.with_name(out.name + ".flashinfer.json")
     tmp.unlink(missing_ok=True)
     cmd = [sys.executable, str(script), "--flashinfer-only", "--out", str(tmp), "--device", str(device),

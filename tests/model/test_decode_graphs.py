@@ -5,7 +5,7 @@ import torch
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model.loader import load_model
-from dllm_server.worker.cuda_graph import DecodeGraphs, pow2_at_least
+from dllm_server.worker.cuda_graph import MIN_KEYS, DecodeGraphs, capture_plan, pow2_at_least
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
@@ -102,3 +102,49 @@ def test_capture_all_covers_every_bucket_of_the_default_width(tiny_llada):
     allocs = [pool.allocate(f"r{i}", 40) for i in range(3)]
     runner.forward([ForwardItem(c, a, 8, 16, 8, 16) for a in allocs], decode_only=True)
     assert len(graphs.shapes) == 9
+
+
+def test_capture_plan_is_exactly_the_reachable_buckets():
+    """Brute force over every batch size and longest canvas: a bucket is planned iff some batch
+    that fits the pool (longest canvas's pages + one page per other sequence) lands in it."""
+    for max_len, max_batch, num_pages, page in [(1024, 4, 200, 4), (2048, 8, 40, 16), (4096, 64, 70, 16),
+                                                 (300, 5, 3, 128), (8192, 16, 1000, 16)]:
+        reachable = {(pow2_at_least(n), pow2_at_least(longest, MIN_KEYS))
+                     for n in range(1, max_batch + 1) for longest in range(1, max_len + 1)
+                     if -(-longest // page) + n - 1 <= num_pages}
+        plan = capture_plan(max_len, max_batch, num_pages, page)
+        assert set(plan) == reachable and len(plan) == len(reachable), (max_len, max_batch, num_pages, page)
+        assert plan == sorted(plan, key=lambda bk: (-bk[1], -bk[0]))           # largest first
+
+
+def test_capture_plan_caps_keys_at_the_pool_not_the_model():
+    """Dream's 131072 positions with the default 65536-token pool: keys stop at 65536, not 131072;
+    LLaDA's 4096 with the same pool: the 35 shapes of the default width."""
+    dream = capture_plan(131072, 64, 4096, 16)
+    assert max(k for _, k in dream) == 65536 and len(dream) == 9 * 7
+    assert len(capture_plan(4096, 64, 4096, 16)) == 5 * 7
+    small = capture_plan(4096, 64, 30, 16)     # 480 tokens: keys <= 512, and no batch of 33 sequences
+    assert max(k for _, k in small) == 512 and (64, 256) not in small and (32, 256) in small
+    assert (16, 512) in small and (32, 512) not in small   # 17 pages of the longest + 16 others > 30
+
+
+def test_all_shapes_of_a_width_share_one_output_buffer(tiny_llada):
+    """One float32 logits buffer per block width, not one per graph; results still match eager."""
+    model, args, pool = _setup(tiny_llada)
+    graphs = DecodeGraphs(model, args, pool, torch.device("cpu"), 4, capture=False)
+    graphs.capture_all(8)
+    assert list(graphs.outputs) == [8] and graphs.outputs[8].shape == (4 * 8, args.vocab_size)
+    eager = ModelRunner(model, args, pool, torch.device("cpu"))
+    fixed = ModelRunner(model, args, pool, torch.device("cpu"), decode_graphs=graphs)
+    c = torch.full((120,), args.mask_id)
+    c[:40] = torch.arange(1, 41)
+    allocs = [pool.allocate(f"r{i}", 120) for i in range(3)]
+    eager.forward([ForwardItem(c, a, 0, 120, 40, 48) for a in allocs])
+    base = graphs.outputs[8].untyped_storage().data_ptr()
+    for n in (1, 3):                                       # shapes (1, 256) and (4, 256)
+        items = [ForwardItem(c, a, 40, 48, 40, 48) for a in allocs[:n]]
+        want = eager.forward(items)
+        got = fixed.forward(items, decode_only=True)
+        assert got.untyped_storage().data_ptr() == base
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert len(graphs.outputs) == 1

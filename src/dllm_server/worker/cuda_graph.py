@@ -7,7 +7,10 @@ attention metadata (PaddedBatch) on the device from four small inputs: token ids
 page table and canvas lengths. So only buffer contents change between iterations. On CUDA each
 shape is captured on first use into a graph (all graphs share one memory pool) and then
 replayed: one launch instead of hundreds of small kernels per layer. Elsewhere the same buffers
-feed an eager forward, which is how the CPU tests check this path.
+feed an eager forward, which is how the CPU tests check this path. All shapes of one block width
+write their logits into one shared buffer (a graph's output would otherwise pin its own, about
+1 GB each at batch 64 for a 126k vocabulary), and start-up captures only the shapes the KV pool
+can hold.
 """
 from __future__ import annotations
 
@@ -37,6 +40,25 @@ def padded_metadata(page_table: torch.Tensor, kv_len: torch.Tensor, positions: t
     return PaddedBatch(page_table.shape[0], width, write_slots, kv_slots, kv_valid)
 
 
+def capture_plan(max_len: int, max_batch: int, num_pages: int, page_size: int) -> list[tuple[int, int]]:
+    """(batch, keys) buckets a decode batch can reach, largest first. Key bucket k holds canvases
+    in (k/2, k] (the first one everything up to MIN_KEYS), batch bucket b holds b/2 + 1 to b
+    sequences; a bucket is reachable when its smallest such batch fits the pool (the longest
+    canvas's pages plus one page per other sequence) and its canvas fits the model."""
+    def pages(tokens: int) -> int:
+        return -(-tokens // page_size)
+    longest = min(max_len, num_pages * page_size)
+    keys = [MIN_KEYS << i for i in range(32) if MIN_KEYS << i <= pow2_at_least(longest, MIN_KEYS)]
+    batches = [1 << i for i in range(32) if 1 << i <= pow2_at_least(max_batch)]
+    plan = []
+    for k in reversed(keys):
+        shortest_longest = 1 if k == MIN_KEYS else k // 2 + 1
+        for b in reversed(batches):
+            if pages(shortest_longest) + b // 2 <= num_pages:      # b // 2 = (b // 2 + 1) - 1 others
+                plan.append((b, k))
+    return plan
+
+
 @dataclass(slots=True)
 class _Shape:
     batch: int
@@ -49,7 +71,7 @@ class _Shape:
     kv_len: torch.Tensor        # int64 [batch]
     rows: torch.Tensor          # int64 [batch * block]: logit rows of the packed stream
     key_pos: torch.Tensor       # int64 [keys]
-    logits: torch.Tensor | None = None   # float32 [batch * block, vocab]: the graph's output
+    logits: torch.Tensor | None = None   # float32 [batch * block, vocab]: a view of the shared output
     graph: object | None = None
 
 
@@ -60,20 +82,19 @@ class DecodeGraphs:
         self.max_batch = max_batch
         self.capture = capture and device.type == "cuda"
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
+        self.outputs: dict[int, torch.Tensor] = {}     # block width -> float32 [max batch * block, vocab]
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
 
     @torch.inference_mode()
     def capture_all(self, block_length: int) -> int:
-        """At start-up, like vLLM: every (batch, key) bucket of the default block width, largest
-        first so the shared pool is sized once and the first requests never wait on a capture.
-        Other block widths are captured on first use. Returns the number of graphs."""
+        """At start-up, like vLLM: every (batch, key) bucket of the default block width that the
+        pool can hold (capture_plan), largest first so the shared pool is sized once and the first
+        requests never wait on a capture. Other block widths are captured on first use. Returns the
+        number of graphs."""
         width = block_length + self.args.logit_shift
-        keys = [k for k in (MIN_KEYS << i for i in range(16)) if k < 2 * max(self.args.max_len, MIN_KEYS)]
-        batches = [b for b in (1 << i for i in range(16)) if b < 2 * self.max_batch]
-        for k in reversed(keys):
-            for b in reversed(batches):
-                if (b, width, k) not in self.shapes:
-                    self._build(b, width, k)
+        for b, k in capture_plan(self.args.max_len, self.max_batch, self.pool.num_pages, self.pool.page_size):
+            if (b, width, k) not in self.shapes:
+                self._build(b, width, k)
         return len(self.shapes)
 
     def fits(self, items) -> bool:
@@ -118,11 +139,16 @@ class DecodeGraphs:
         """What the graph records: metadata from the inputs, then the model."""
         batch = padded_metadata(s.page_table, s.kv_len, s.positions, s.key_pos, self.pool.page_size, s.width)
         logits = self.model(s.ids, s.positions, batch, self.pool.layers, s.rows)
-        return logits[:, : self.args.vocab_size].float()
+        out = self.outputs[s.block][: s.batch * s.block]
+        out.copy_(logits[:, : self.args.vocab_size])          # the float32 cast, into the shared buffer
+        return out
 
     def _build(self, batch: int, width: int, keys: int) -> _Shape:
         dev = self.device
         block = width - self.args.logit_shift
+        if block not in self.outputs:    # outside any capture: an ordinary allocation, not the graph pool
+            self.outputs[block] = torch.empty(pow2_at_least(self.max_batch) * block, self.args.vocab_size,
+                                              dtype=torch.float32, device=dev)
         rows = (torch.arange(batch).unsqueeze(1) * width + torch.arange(block)).view(-1)
         s = _Shape(batch, width, block, keys,
                    torch.zeros(batch * width, dtype=torch.int64, device=dev),

@@ -3,6 +3,7 @@ hand each message to the core (one dispatch), collect finished KV transfers, run
 when there is work, and send the turn's messages in one put. Policy lives in the core."""
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -24,6 +25,9 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     # sent to the whole process group must not kill workers under a draining server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A spawned process starts with logging unconfigured, which drops INFO (the CUDA graph
+    # capture summary) from the server's log; same format as the front's.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         _run(spec, config, inbox, outbox)
     except Exception:
