@@ -16,8 +16,6 @@ import math
 import os
 import random
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from dllm_server.launch import ServerProcess, serve
 from gpu_harness import file_tail
 
 BASELINE = ("batch-1 baseline", ["--max-active-decodes", "1", "--token-budget", "none"])
@@ -78,53 +77,16 @@ def bounds(history: list[dict]) -> dict:
     return {"capacity": max(ok) if ok else None, "upper": min(bad) if bad else None, "bracketed": bool(ok and bad)}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(ckpt: Path, flags: list[str], device: str, dtype: str, block: int, log: Path,
-           timeout_s: float) -> tuple[subprocess.Popen, str]:
-    port = _port()
-    cmd = [sys.executable, "-m", "dllm_server.cli", "serve", str(ckpt), "--port", str(port), "--device", device,
-           "--dtype", dtype, "--skip-tokenizer-init", "--block-length", str(block), "--served-model-name", "bench",
-           *flags]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(trust_env=False) as client:     # never through a proxy from the environment
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}")
-            try:
-                if client.get(url + "/health", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-    _stop(proc)
-    raise TimeoutError(f"server not healthy after {timeout_s:.0f} s")
+           timeout_s: float) -> ServerProcess:
+    return serve(ckpt, "--device", device, "--dtype", dtype, "--skip-tokenizer-init", "--block-length", str(block),
+                 "--served-model-name", "bench", *flags, log_path=log, timeout_s=timeout_s)
 
 
-def _stop(proc: subprocess.Popen, wait_s: float = STOP_S) -> None:
+def _stop(server: ServerProcess, wait_s: float = STOP_S) -> None:
     """SIGTERM (the server drains and stops its workers), then SIGKILL to its whole session, so
     no worker process is left holding the GPU."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
+    server.stop(timeout=wait_s)
 
 
 def unloaded_latency_s(url: str, body: dict, deadline: float, n: int = 3) -> float:
@@ -199,7 +161,8 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
         proc = None
         try:
             t = time.perf_counter()
-            proc, url = _start(ckpt, flags, device, dtype, sh.block, log, min(180.0, share - STOP_S))
+            proc = _start(ckpt, flags, device, dtype, sh.block, log, min(180.0, share - STOP_S))
+            url = proc.url
             rec["server_start_s"] = time.perf_counter() - t
             rec["unloaded_latency_s"] = one = unloaded_latency_s(url, body, deadline - STOP_S)
             if slo_ms is None:                 # the baseline's, unless it failed before measuring

@@ -34,14 +34,22 @@ class ServerProcess:
             return f.read()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Signal the server, wait for it; kill its whole process group if it does not exit."""
+        """Signal the server and wait for it, then SIGKILL whatever is left of its session (a
+        server that did not exit in time, or a worker it left behind: nothing may keep a GPU)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
         return self.proc.returncode
 
 
@@ -66,15 +74,19 @@ def serve(model: str | Path | None, *flags: str, log_path: str | Path, env: dict
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 120) -> None:
+    """Poll /health (never through a proxy from the environment) until 200; RuntimeError if the
+    server exits, TimeoutError after `timeout_s`, each with the tail of its log."""
     import httpx
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
-        try:
-            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not healthy after {timeout_s:.0f} s:\n{server.log()[-4000:]}")
+    with httpx.Client(trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+            try:
+                if client.get(server.url + "/health", timeout=min(5.0, max(0.5, deadline - time.monotonic()))
+                              ).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {timeout_s:.0f} s:\n{server.log()[-4000:]}")
