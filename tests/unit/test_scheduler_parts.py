@@ -1,0 +1,228 @@
+"""The front-side scheduler parts, without processes: real message objects in, what they send
+collected in a list, a fake clock."""
+import asyncio
+
+import pytest
+
+from dllm_server.config import ServerConfig
+from dllm_server.decoding.params import BlockPolicy, SamplingParams
+from dllm_server.engine.detok import IncrementalDetokenizer
+from dllm_server.engine.handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
+from dllm_server.engine.policy import FixedPolicy
+from dllm_server.engine.request_state import RequestState
+from dllm_server.engine.requests import STREAM_NONE, STREAM_TEXT, Entry, RequestTable
+from dllm_server.engine.scheduler import Scheduler
+from dllm_server.engine.workers import WorkerTable
+from dllm_server.messages import (Abort, BlockDone, ContinueBlock, HandoffDone, HandoffKV, InstallKV, KVSent,
+                                  LoadReport, ModelInfo, PrefillDone, ReceiveKV, SetPolicy, StepDelta, SubmitBlock,
+                                  WorkerReady)
+
+MASK, EOS = 261, 256
+INFO = ModelInfo("llada", 262, 320, MASK, EOS, 1024, 64, 2, 4, 4, 16, 128)
+P = BlockPolicy(0.9)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(roles, pages=64, **cfg):
+    sent, clock = [], Clock()
+    config = ServerConfig(block_length=8, **cfg)
+    s = Scheduler(config, roles, None, lambda w, m: sent.append((w, m)), FixedPolicy(0.9), clock)
+    for w in range(len(roles)):
+        s.on_messages(w, [WorkerReady(w, pages if roles[w] != "decode" else pages, 16, INFO)])
+    return s, sent, clock
+
+
+def request(rid, max_tokens=24, prompt=(1, 2, 3), stream=STREAM_NONE, seq=0):
+    params = SamplingParams(max_tokens=max_tokens)
+    st = RequestState(rid, None, list(prompt), params, params.resolve(ServerConfig(block_length=8), 1), MASK,
+                      (EOS,), seq)
+    return Entry(st, asyncio.Queue(), stream, 0.0)
+
+
+def delta(rid, block, step, positions, tokens, masked):
+    return StepDelta(rid, block, step, tuple(positions), tuple(tokens), masked)
+
+
+def of(sent, kind):
+    return [(w, m) for w, m in sent if isinstance(m, kind)]
+
+
+# ---- request table, worker table ----
+def test_request_table_counts_waiting_until_started_and_evicts():
+    t = RequestTable()
+    a, b = request("a"), request("b")
+    t.add(a), t.add(b)
+    assert len(t) == 2 and t.num_waiting == 2
+    t.started(a), t.started(a)
+    assert t.num_waiting == 1
+    t.remove(b)
+    assert len(t) == 1 and t.num_waiting == 0 and b.done and t.get("b") is None
+
+
+def test_worker_table_loads_reports_and_losses():
+    w = WorkerTable(["prefill", "decode"], 16, ServerConfig().worker_policy())
+    assert not w.all_ready and w.has_prefill_role
+    w.on_ready(WorkerReady(0, 40, 16, INFO))
+    w.on_ready(WorkerReady(1, 30, 16, INFO))
+    assert w.all_ready and w.model == INFO and w.min_capacity_pages() == 40 and w.pages_for(33) == 3
+    assert w.on_report(1, LoadReport(1, 0, 0, 25, 0, 0, 3)) and not w.on_report(1, LoadReport(1, 0, 0, 24, 0, 0, 3))
+    w[1].reserved_pages = 4
+    assert [x.free_pages for x in w.loads()] == [40, 20]
+    w.lost({1})
+    assert not w.is_healthy and w.loads()[1].available is False and w[1].reserved_pages == 0
+
+
+# ---- scheduler: colocated routing and continuation leases ----
+def test_single_worker_leases_every_next_block_and_finishes():
+    s, sent, _ = make(["colocated"])
+    e = request("r", max_tokens=24)                   # 3 blocks of 8
+    s.add(e)
+    [(w, sub)] = of(sent, SubmitBlock)
+    assert w == 0 and sub.block_index == 0 and sub.policy == P and sub.then == P   # keep it here
+    assert s.workers[0].outstanding_prefill_tokens == 3 + 24
+    s.on_messages(0, [delta("r", 0, 0, range(3, 11), [65] * 8, 16), BlockDone("r", 0, 1, False, True, P)])
+    assert s.workers[0].outstanding_prefill_tokens == 27      # the continued block is outstanding there
+    [(w, cont)] = of(sent, ContinueBlock)
+    assert (w, cont.block_index, cont.then) == (0, 1, P)
+    s.on_messages(0, [delta("r", 1, 0, range(11, 19), [66] * 8, 8), BlockDone("r", 1, 1, False, True, P)])
+    assert len(of(sent, ContinueBlock)) == 1                  # the last block has nothing to lease
+    s.on_messages(0, [delta("r", 2, 0, range(19, 27), [67] * 8, 0), BlockDone("r", 2, 1, True, False, P)])
+    out = e.events.get_nowait().output
+    assert out.token_ids == [65] * 8 + [66] * 8 + [67] * 8 and out.finish_reason == "length"
+    assert out.stats.steps_per_block == [1, 1, 1] and out.stats.block_policies == [P, P, P]
+    st = s.stats()
+    assert st.num_requests == 0 and st.counters.blocks_continued == 2 and st.workers[0].outstanding_prefill_tokens == 0
+    assert len(of(sent, SubmitBlock)) == 1                    # no canvas crossed again
+
+
+def test_two_workers_route_by_outstanding_tokens_and_withhold_the_lease():
+    s, sent, _ = make(["colocated", "colocated"])
+    r1, r2, r3 = request("r1", seq=0), request("r2", seq=1), request("r3", seq=2)
+    s.add(r1)
+    s.add(r2)
+    assert [w for w, _ in of(sent, SubmitBlock)] == [0, 1]
+    s.on_messages(1, [delta("r2", 0, 0, [3], [65], 23)])      # r2 started: worker 1 has nothing outstanding
+    s.add(r3)                                                 # worker 0 still has r1's prefill outstanding
+    assert of(sent, SubmitBlock)[-1][0] == 1
+    s.on_messages(0, [delta("r1", 0, 0, [3], [65], 23)])
+    sent.clear()
+    # r1's block 0 continues on worker 0; worker 1 holds r3's outstanding prefill: keep r1 on 0
+    s.on_messages(0, [BlockDone("r1", 0, 2, False, True, P)])
+    assert [(w, m.block_index) for w, m in of(sent, ContinueBlock)] == [(0, 1)]
+    s.on_messages(1, [delta("r3", 0, 0, [3], [65], 23)])
+    s.on_messages(0, [delta("r1", 1, 0, [11], [65], 22)])
+    s.add(request("r4", seq=3))                               # routed to worker 0 (ties: lowest id)
+    sent.clear()
+    s.on_messages(0, [delta("r1", 1, 1, range(12, 19), [66] * 7, 15), BlockDone("r1", 1, 2, False, False, P)])
+    [(w, sub)] = of(sent, SubmitBlock)
+    assert w == 1 and sub.block_index == 2 and sub.canvas[11:19].tolist() == [65] + [66] * 7
+
+
+def test_abort_and_worker_loss_end_requests_without_hanging():
+    s, sent, _ = make(["colocated", "colocated"])
+    a, b = request("a"), request("b")
+    s.add(a), s.add(b)
+    s.abort("a")
+    assert (0, Abort("a")) in sent and a.events.get_nowait().output.finish_reason == "abort"
+    s.on_worker_lost([1], "worker 1 died")
+    out = b.events.get_nowait().output
+    assert out.finish_reason == "error" and out.error == "worker 1 died" and s.stats().num_requests == 0
+
+
+def test_set_policy_reaches_the_workers_and_the_router():
+    s, sent, _ = make(["prefill", "decode"], placement="hybrid")
+    s.set_policy(token_budget=256, max_active_decodes=4, overflow_threshold_tokens=99)
+    pols = [(w, m.policy) for w, m in of(sent, SetPolicy)]
+    assert [w for w, _ in pols] == [0, 1] and all(p.token_budget == 256 and p.max_active_decodes == 4 for _, p in pols)
+    assert s.theta == 99 and s.stats().workers[1].policy.token_budget == 256
+    sent.clear()
+    with pytest.raises(ValueError, match="max_active_decodes"):
+        s.set_policy(worker_id=1, max_active_decodes=0)
+    assert sent == [] and s.stats().workers[1].policy.max_active_decodes == 4
+    s.set_policy(worker_id=1, token_budget=None)
+    assert [(w, m.policy.token_budget) for w, m in of(sent, SetPolicy)] == [(1, None)]
+
+
+# ---- disaggregated handoffs through the scheduler ----
+def test_layerwise_handoff_moves_the_block_and_times_the_stall():
+    s, sent, clock = make(["prefill", "decode"], placement="disaggregated")
+    e = request("r", max_tokens=16)
+    s.add(e)
+    [(w, sub)] = of(sent, SubmitBlock)
+    assert w == 0 and sub.handoff and sub.stream_to == 1 and sub.then is None
+    assert s.workers[1].reserved_pages == 2
+    s.on_messages(0, [KVSent(0, 1, ("r",), (0,), (19,), 0)])
+    [(w, recv)] = of(sent, ReceiveKV)
+    assert w == 1 and recv.keep == (True,)
+    s.on_messages(0, [delta("r", 0, 0, [3, 4], [65, 66], 14), PrefillDone("r", 0, 1)])
+    [(w, inst)] = of(sent, InstallKV)
+    assert w == 1 and inst.block.step_offset == 1 and inst.block.canvas[3:5].tolist() == [65, 66]
+    s.on_messages(1, [HandoffDone("r", 0, 1, False, True, 100, 0.01)])
+    assert s.workers[1].reserved_pages == 0
+    clock.t += 0.25
+    s.on_messages(1, [delta("r", 0, 1, [5], [67], 13)])       # the first decode step on the decode worker
+    c = s.stats().counters
+    assert c.kv_handoffs == 1 and c.kv_handoff_stall_seconds == pytest.approx(0.25)
+    s.on_messages(0, [HandoffDone("r", 0, 0, True, True, 100, 0.01)])
+    assert s.stats().counters.kv_transfer_bytes == 100
+
+
+def test_refused_handoff_falls_back_to_a_local_re_prefill():
+    s, sent, _ = make(["prefill", "decode"], placement="disaggregated")
+    s.add(request("r", max_tokens=16))
+    s.on_messages(0, [KVSent(0, 1, ("r",), (0,), (19,), 0)])
+    s.on_messages(1, [HandoffDone("r", 0, 1, False, False)])           # pages short: drained
+    sent.clear()
+    s.on_messages(0, [delta("r", 0, 0, [3], [65], 15), PrefillDone("r", 0, 1)])
+    [(w, sub)] = of(sent, SubmitBlock)
+    assert not sub.handoff and sub.stream_to is None and sub.step_offset == 1
+    assert s.stats().counters.kv_transfers_failed == 1 and s.workers[1].reserved_pages == 0
+
+
+def test_held_block_is_sent_once_a_decode_worker_has_room():
+    s, sent, _ = make(["prefill", "decode"], placement="disaggregated", kv_transfer="after_prefill")
+    s.on_messages(1, [LoadReport(1, 0, 0, 1, 0, 0, 1)])               # the decode worker: 1 free page
+    s.add(request("r", max_tokens=16))                                 # needs 2 pages
+    s.on_messages(0, [delta("r", 0, 0, [3], [65], 15), PrefillDone("r", 0, 1)])
+    assert s.stats().num_held == 1 and not of(sent, HandoffKV)
+    s.on_messages(1, [LoadReport(1, 0, 0, 10, 0, 0, 2)])
+    assert of(sent, HandoffKV) == [(0, HandoffKV("r", 1))] and s.stats().num_held == 0
+
+
+def test_handoff_part_alone_install_then_receiver_verdict_in_either_order():
+    workers = WorkerTable(["prefill", "decode"], 16, ServerConfig().worker_policy())
+    for i in (0, 1):
+        workers.on_ready(WorkerReady(i, 64, 16, INFO))
+    h = Handoffs(workers, layerwise=True, clock=lambda: 0.0)
+    assert h.begin("a", 0, 0, 2, P) == 1 and h.begin("b", 0, 0, 2, P) == 1
+    acts = h.on_kv_sent(KVSent(0, 1, ("a", "b"), (0, 0), (20, 20), 8))
+    assert acts == [Send(1, ReceiveKV(0, ("a", "b"), (0, 0), (20, 20), (True, True), 8))]
+    # a: the receiver's verdict first, then the prefill step
+    assert h.on_handoff_done(HandoffDone("a", 0, 1, False, True)) == []
+    assert h.on_prefill_done("a", PrefillDone("a", 0, 2)) == [InstallBlock("a", 1, 2, P), Moved("a", 1)]
+    # b: the prefill step first, then a refusal
+    assert h.on_prefill_done("b", PrefillDone("b", 0, 1)) == [InstallBlock("b", 1, 1, P)]
+    assert h.on_handoff_done(HandoffDone("b", 0, 1, False, False)) == [FallBack("b", 1, P)]
+    assert workers[1].reserved_pages == 0 and not h.active
+    # a request that ends while its KV is relayed: the receiver frees the pages when the data is in
+    h.begin("c", 0, 0, 2, P)
+    h.on_kv_sent(KVSent(0, 1, ("c",), (0,), (20,), 16))
+    assert h.release("c") == [Send(1, Abort("c"))] and workers[1].reserved_pages == 0
+
+
+def test_text_stream_events_only_when_visible_text_grows():
+    s, sent, _ = make(["colocated"])
+    e = request("t", max_tokens=8, stream=STREAM_TEXT)
+    e.state.detok = IncrementalDetokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    s.add(e)
+    s.on_messages(0, [delta("t", 0, 0, [5], [66], 7)])                 # not contiguous yet: no text
+    assert e.events.empty()
+    s.on_messages(0, [delta("t", 0, 1, [3, 4], [72, 105], 5)])         # "Hi" then "B"
+    assert e.events.get_nowait().text == "HiB" and e.events.empty()
