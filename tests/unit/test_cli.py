@@ -50,3 +50,19 @@ def test_serve_with_a_bad_model_folder_fails_with_one_line(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "config.json" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field,value", [("placement", "sideways"), ("attention_backend", "triton"), ("cache", "full"),
+                                         ("kv_transfer", "carrier-pigeon"), ("device", "tpu"), ("dtype", "int8")])
+def test_every_choice_field_is_validated_in_the_config(field, value):
+    with pytest.raises(ValueError, match=field):
+        ServerConfig(**{field: value})
+
+
+def test_worker_policy_rules_live_in_the_config():
+    for bad in ({"token_budget": 0}, {"max_active_decodes": 0}, {"credit_share": 0.0}, {"credit_share": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ServerConfig(**bad)
+    w = ServerConfig(token_budget=None, credit_share=0.25).worker_config()
+    assert w.policy.token_budget is None and w.policy.credit_share == 0.25
+    assert not hasattr(w, "api_key")            # workers get only what they need

@@ -135,7 +135,7 @@ class AsyncEngine:
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart(wid)
-            self.scheduler.counts["worker_restarts"] += 1
+            self.scheduler.counters.worker_restarts += 1
             self.scheduler.on_worker_lost(ids, reason)
         else:
             self.dead = reason

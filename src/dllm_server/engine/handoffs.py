@@ -17,6 +17,7 @@ from typing import Callable, Union
 from ..decoding.params import BlockPolicy
 from ..messages import Abort, HandoffDone, HandoffKV, KVSent, PrefillDone, ReceiveKV
 from .placement import pick_decode_worker
+from .stats import Counters
 from .workers import WorkerTable
 
 
@@ -66,24 +67,16 @@ class FallBack:
 Action = Union[Send, InstallBlock, Moved, FallBack]
 
 
-@dataclass(slots=True)
-class HandoffCounters:
-    kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
-    kv_transfers_failed: int = 0
-    kv_handoffs: int = 0
-    kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
-
-
 class Handoffs:
-    def __init__(self, workers: WorkerTable, layerwise: bool, clock: Callable[[], float]):
+    def __init__(self, workers: WorkerTable, layerwise: bool, clock: Callable[[], float],
+                 counters: Counters | None = None):
         self.workers = workers
         self.layerwise = layerwise
         self.clock = clock
         self.active: dict[str, Handoff] = {}
         self.held: collections.deque[str] = collections.deque()   # prefilled, no receiver had room
         self.stalled: dict[str, tuple[int, float]] = {}          # request -> (decode worker, PrefillDone at)
-        self.counters = HandoffCounters()
+        self.counters = counters if counters is not None else Counters()
 
     def begin(self, request_id: str, block_index: int, src: int, pages: int, policy: BlockPolicy) -> int | None:
         """A prefill routed to `src` will hand its block over; returns the receiver to stream to

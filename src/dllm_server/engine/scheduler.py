@@ -48,8 +48,8 @@ class Scheduler:
         self.theta = config.overflow_threshold_tokens
         self.workers = WorkerTable(roles, config.page_size, config.worker_policy())
         self.requests = RequestTable()
-        self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock)
-        self.counts = collections.Counter()          # prefills_overflowed, blocks_continued, worker_restarts, ...
+        self.counters = Counters()
+        self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self.ready_event = asyncio.Event()
         self.failed_event = asyncio.Event()
@@ -84,7 +84,7 @@ class Scheduler:
             return
         role = self.workers[wid].role
         if role == "decode":
-            self.counts["prefills_overflowed"] += 1
+            self.counters.prefills_overflowed += 1
         handoff = role == "prefill" and not any_role
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
         then = None if handoff else self._lease(entry, wid, loads)
@@ -134,7 +134,7 @@ class Scheduler:
             if isinstance(msg, LoadReport):
                 if self.workers.on_report(wid, msg):
                     self.trace.append((self.clock(), msg))
-                    self.counts["canvas_positions"] += msg.iteration_tokens
+                    self.counters.canvas_positions += msg.iteration_tokens
             elif isinstance(msg, KVSent):
                 self._run(self.handoffs.on_kv_sent(msg))
             elif isinstance(msg, HandoffDone):
@@ -177,7 +177,7 @@ class Scheduler:
         if outcome.output is not None:
             self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
         elif outcome.continued:
-            self.counts["blocks_continued"] += 1
+            self.counters.blocks_continued += 1
             self._charge(entry, wid, st.prompt_len + st.answer_len)
             then = self._lease(entry, wid)
             if then is not None:
@@ -262,10 +262,6 @@ class Scheduler:
             w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
             w.report.num_iterations if w.report else 0, w.policy, (pids or {}).get(w.worker_id))
             for w in self.workers)
-        h = self.handoffs.counters
-        counters = Counters(h.kv_transfer_bytes, h.kv_transfer_seconds, h.kv_transfers_failed, h.kv_handoffs,
-                            h.kv_handoff_stall_seconds, **{k: self.counts[k] for k in
-                            ("prefills_overflowed", "blocks_continued", "worker_restarts", "canvas_positions")})
         n_wait = self.requests.num_waiting
         return EngineStats(len(self.requests) - n_wait, n_wait, len(self.requests.pending), len(self.handoffs.held),
-                           workers, counters, self.theta)
+                           workers, dataclasses.replace(self.counters), self.theta)

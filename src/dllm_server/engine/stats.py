@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from ..config import WorkerPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Counters:
-    """Monotonic counters since start."""
+    """Monotonic counters since start (the scheduler and its handoff part count into one; a
+    snapshot holds a copy)."""
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     kv_transfers_failed: int = 0
