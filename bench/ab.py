@@ -5,7 +5,12 @@ that reads engine internals matches its code), else the current tree's copy; the
 imported from that side's tree (PYTHONPATH), and so is the server a script starts.
 
     python bench/ab.py --ref a31dc80 --rounds 2 -- bench/front_cpu.py --streams 64
-    python bench/ab.py --ref a31dc80 -- bench/http_vs_offline.py --threads 1 --rounds 1
+    python bench/ab.py --ref a31dc80 --script-from current --overlay src/dllm_server/launch.py \
+        -- bench/http_vs_offline.py --threads 1 --rounds 1
+
+`--script-from current` runs the current tree's script on both sides (it must use only what both
+trees have); `--overlay PATH` copies a file the older tree lacks (a helper module the script
+imports, never code the benchmark measures) into its worktree.
 
 Each side's stdout is printed under a header; a script that ends its output with a line
 `RESULT {json}` also gets its numbers tabulated side by side.
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,10 +34,13 @@ def worktree(ref: str, into: Path) -> Path:
     return into
 
 
-def run_side(tree: Path, script: str, args: list[str]) -> tuple[str, dict | None]:
+def run_side(tree: Path, script: str, args: list[str], own_script: bool = True) -> tuple[str, dict | None]:
     own = tree / script
-    path = own if own.is_file() else ROOT / script
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(tree), str(path.parent)])}
+    path = own if own.is_file() and own_script else ROOT / script
+    # The package under test comes from the side's tree; with the current script, so does nothing
+    # else: the harness (bench helpers, the load generator) is the current tree's on both sides.
+    harness = [str(tree)] if own_script else [str(ROOT)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), *harness, str(path.parent)])}
     proc = subprocess.run([sys.executable, str(path), *args], cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed on {tree} (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -46,6 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", required=True, help="the 'before' git ref")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--script-from", choices=("own", "current"), default="own")
+    ap.add_argument("--overlay", action="append", default=[], help="file to copy into the older tree if missing")
     ap.add_argument("script", help="bench script path relative to the tree root")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     ns = ap.parse_args()
@@ -56,12 +67,15 @@ def main() -> None:
                                 capture_output=True, text=True).stdout.strip())
     with tempfile.TemporaryDirectory() as tmp:
         before = worktree(ns.ref, Path(tmp) / "before")
+        for rel in ns.overlay:
+            if not (before / rel).exists():
+                shutil.copy(ROOT / rel, before / rel)
         sides = [(f"before ({ns.ref})", before), (f"after ({head}{'+changes' if dirty else ''})", ROOT)]
         results: dict[str, list[dict]] = {name: [] for name, _ in sides}
         try:
             for r in range(ns.rounds):
                 for name, tree in sides if r % 2 == 0 else sides[::-1]:
-                    out, res = run_side(tree, ns.script, args)
+                    out, res = run_side(tree, ns.script, args, ns.script_from == "own")
                     print(f"===== {name}, round {r + 1}: python {ns.script} {' '.join(args)}")
                     print(out.rstrip(), flush=True)
                     if res is not None:

@@ -40,3 +40,29 @@ async def replay(engine, reqs) -> tuple[list[float], list, float]:
     start = time.perf_counter()
     outs = await open_loop([r[0] for r in reqs], one, start)
     return latencies, outs, time.perf_counter() - start
+
+
+# ---- the engine's public surface, read so that bench/ab.py can also run these scripts against
+# trees from before the engine seams (where the same facts lived on engine.scheduler) ----
+def iteration_trace(engine) -> list:
+    """Every worker iteration's LoadReport, in arrival order."""
+    if hasattr(engine, "iteration_trace"):
+        return [r for _, r in engine.iteration_trace()]
+    return [r for _, r in engine.scheduler.trace]
+
+
+def worker_pid(engine, wid: int = 0) -> int:
+    return engine.stats().workers[wid].pid if hasattr(engine, "stats") else engine.pool.pid(wid)
+
+
+def model_info(engine):
+    return getattr(engine, "model_info", None) or engine.model_args
+
+
+def worker_pages(engine, wid: int = 0) -> tuple[int, int | None]:
+    """(pool pages, free pages as last reported or None before any report)."""
+    if hasattr(engine, "stats"):
+        w = engine.stats().workers[wid]
+        return w.num_pages, w.free_pages if w.num_iterations else None
+    w = engine.scheduler.workers[wid]
+    return w.num_pages, w.report.free_pages if w.report else None

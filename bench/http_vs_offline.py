@@ -1,7 +1,10 @@
 """HTTP end-to-end throughput at saturation against the same workload through the offline API,
 measured in one run: the cost of the server (HTTP, JSON, queues, a separate worker process).
+Then the same at batch 1 (`--sequential N` requests one after another, short blocks so block
+boundaries are frequent): the latency the served path adds per request, per block and per step.
 
     python bench/http_vs_offline.py [--model DIR] [--requests 64] [--max-tokens 64] [--threads 2]
+                                    [--sequential 8] [--sequential-block 8]
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +41,29 @@ async def run_http(url: str, prompts, max_tokens: int) -> tuple[float, int]:
     return wall, sum(r.json()["usage"]["completion_tokens"] for r in rs)
 
 
+def sequential(url: str, llm, prompts, max_tokens: int, block: int) -> dict:
+    """Latency of one request at a time, offline and over HTTP, alternating per request; the extra
+    latency of the served path is the median of the paired differences."""
+    off, http, forwards = [], [], []
+    with httpx.Client(timeout=600, trust_env=False) as c:
+        for i, p in enumerate(prompts):
+            t = time.perf_counter()
+            o = llm.generate({"prompt_token_ids": p}, SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i,
+                                                                      block_length=block))[0]
+            off.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            r = c.post(url + "/v1/completions", json={"prompt": p, "max_tokens": max_tokens, "ignore_eos": True,
+                                                      "seed": i, "block_length": block, "return_token_ids": True})
+            http.append(time.perf_counter() - t)
+            assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == o.token_ids, r.text[:300]
+            forwards.append(o.stats.num_forwards)
+    n_blocks = -(-max_tokens // block)
+    extra_ms = 1e3 * statistics.median(h - o for h, o in zip(http, off))   # paired: drift cancels
+    return {"offline_ms": 1e3 * statistics.mean(off), "http_ms": 1e3 * statistics.mean(http), "extra_ms": extra_ms,
+            "extra_ms_per_block": extra_ms / n_blocks, "extra_ms_per_step": extra_ms / statistics.mean(forwards),
+            "blocks": n_blocks, "forwards": statistics.mean(forwards)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -44,6 +71,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="torch threads: offline process and the one worker")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sequential", type=int, default=24, help="batch-1 requests (0: skip that phase)")
+    ap.add_argument("--sequential-block", type=int, default=8, help="block length of the batch-1 requests")
     args = ap.parse_args()
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
                                              mlp=704, seed=0))
@@ -65,6 +94,8 @@ def main() -> None:
             off_tokens = sum(len(o.token_ids) for o in outs)
             http_wall, http_tokens = asyncio.run(run_http(url, prompts, args.max_tokens))
             rows.append((off_tokens / off_wall, http_tokens / http_wall))
+        seq = sequential(url, llm, prompts[: args.sequential], args.max_tokens, args.sequential_block) \
+            if args.sequential else None
     finally:
         server.stop(timeout=60)
     print(f"model={path} requests={args.requests} max_tokens={args.max_tokens} threads={args.threads} "
@@ -76,8 +107,16 @@ def main() -> None:
     off = sum(r[0] for r in rows) / len(rows)
     http = sum(r[1] for r in rows) / len(rows)
     print(f"| mean | {off:.1f} | {http:.1f} | {http / off:.2f} |")
-    print("RESULT " + json.dumps({"offline_tok_s": round(off, 1), "http_tok_s": round(http, 1),
-                                  "ratio": round(http / off, 3)}))
+    result = {"offline_tok_s": round(off, 1), "http_tok_s": round(http, 1), "ratio": round(http / off, 3)}
+    if seq:
+        print(f"\nbatch 1: {args.sequential} requests one at a time, {args.max_tokens} tokens in blocks of "
+              f"{args.sequential_block} ({seq['blocks']} blocks, {seq['forwards']:.1f} forwards each), token-identical")
+        print("| path | mean latency (ms) |\n|---|---|")
+        print(f"| offline | {seq['offline_ms']:.1f} |\n| HTTP | {seq['http_ms']:.1f} |")
+        print(f"served path adds (median of paired differences) {seq['extra_ms']:.1f} ms per request = {seq['extra_ms_per_block']:.2f} ms per block "
+              f"= {seq['extra_ms_per_step']:.2f} ms per step")
+        result.update({k: round(seq[k], 3) for k in ("offline_ms", "http_ms", "extra_ms_per_block", "extra_ms_per_step")})
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
-from common import poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
+from common import iteration_trace, model_info, poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
 
 MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
     "decode-heavy": ([24, 48, 64], [96, 128, 160]),
@@ -42,7 +42,7 @@ async def measure(config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
     lat, outs, wall = await replay(engine, reqs)
-    trace = [r for _, r in engine.iteration_trace()]
+    trace = iteration_trace(engine)
     await engine.shutdown(0)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
     tokens = sum(len(o.token_ids) for o in outs)
@@ -116,7 +116,7 @@ async def exp_d(base: ServerConfig, n: int, rates: dict):
     print("\n### D. engine efficiency at saturation\n")
     engine = AsyncEngine(base)
     await engine.start()
-    a = engine.model_info
+    a = model_info(engine)
     await engine.shutdown(0)
     kv_dim = a.num_kv_heads * a.head_dim
     params = a.num_layers * (2 * a.hidden * a.hidden + 2 * a.hidden * kv_dim + 3 * a.hidden * a.mlp_hidden)

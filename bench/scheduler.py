@@ -20,7 +20,7 @@ from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.tiny import make_tiny_model
 
-from common import poisson_workload, replay
+from common import iteration_trace, model_info, poisson_workload, replay, worker_pages, worker_pid
 
 
 def rss_mb(pid: int) -> float:
@@ -37,7 +37,7 @@ def workload(n: int, rate: float, seed: int):
 async def run_config(name: str, config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
-    pid = engine.stats().workers[0].pid
+    pid = worker_pid(engine)
     idle_rss = rss_mb(pid)
     peak_rss = idle_rss
 
@@ -51,7 +51,7 @@ async def run_config(name: str, config: ServerConfig, reqs) -> dict:
     latencies, outs, wall = await replay(engine, reqs)
     tokens = [len(o.token_ids) for o in outs]
     sampler.cancel()
-    trace = [r for _, r in engine.iteration_trace()]
+    trace = iteration_trace(engine)
     await engine.shutdown(0)
     loaded = [r for r in trace if r.num_active_decodes >= 16 and r.forward_s > 0]
     overhead = [1 - r.forward_s / r.iteration_s for r in loaded if r.iteration_s > 0]
@@ -70,7 +70,7 @@ async def profile_loaded(config: ServerConfig, num_decodes: int = 16) -> dict:
     await engine.start()
     params = SamplingParams(max_tokens=128, steps=128, ignore_eos=True)
     await asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1] * 96}, params) for i in range(num_decodes)])
-    trace = [r for _, r in engine.iteration_trace() if r.num_active_decodes >= num_decodes and r.forward_s > 0]
+    trace = [r for r in iteration_trace(engine) if r.num_active_decodes >= num_decodes and r.forward_s > 0]
     await engine.shutdown(0)
     fractions = [1 - r.forward_s / r.iteration_s for r in trace]
     return {"iterations": len(trace), "median": statistics.median(fractions),
@@ -84,7 +84,7 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     config = config.replace(kv_cache_tokens=65536, max_active_decodes=64, token_budget=None)
     engine = AsyncEngine(config)
     await engine.start()
-    pid = engine.stats().workers[0].pid
+    pid = worker_pid(engine)
     idle = rss_mb(pid)
     peak, min_free = idle, None
 
@@ -92,9 +92,9 @@ async def measure_full_pool(config: ServerConfig) -> dict:
         nonlocal peak, min_free
         while True:
             peak = max(peak, rss_mb(pid))
-            w = engine.stats().workers[0]
-            if w.num_iterations:
-                min_free = w.free_pages if min_free is None else min(min_free, w.free_pages)
+            _, free = worker_pages(engine)
+            if free is not None:
+                min_free = free if min_free is None else min(min_free, free)
             await asyncio.sleep(0.1)
 
     sampler = asyncio.ensure_future(sample())
@@ -102,9 +102,9 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     await asyncio.gather(*[engine.run({"prompt_token_ids": [(i + j) % 250 + 1 for j in range(992)]}, params)
                            for i in range(64)])
     sampler.cancel()
-    args = engine.model_info
+    args = model_info(engine)
     pool_mb = args.num_layers * 2 * 65536 * args.num_kv_heads * args.head_dim * 4 / 2**20
-    num_pages = engine.stats().workers[0].num_pages
+    num_pages, _ = worker_pages(engine)
     await engine.shutdown(0)
     return {"idle": idle, "peak": peak, "pool_mb": pool_mb, "min_free": min_free, "pages": num_pages}
 
