@@ -131,7 +131,7 @@ def test_sigterm_drains_in_flight_requests_and_reaps_children(tiny_llada, tmp_pa
     kids = children(s.proc.pid)
     assert len(kids) >= 2
     out = []
-    body = {"prompt": [4, 5], "max_tokens": 480, "steps": 480, "ignore_eos": True}   # long enough to catch in flight
+    body = {"prompt": [4, 5], "max_tokens": 960, "steps": 960, "ignore_eos": True}   # long enough to catch in flight
     threads = [_stream_in_thread(s.url + "/v1/completions", body, out) for _ in range(3)]
     assert wait_for(lambda: (metric(s, "dllm:num_requests_running") or 0) == 3)
     t0 = time.monotonic()
