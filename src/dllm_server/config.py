@@ -41,6 +41,20 @@ class ServerConfig:
     max_active_decodes: int = _f(64, "cap on seated in-block decodes per worker iteration")
     credit_share: float = _f(0.125, "share of tau a waiting prefill earns per iteration even when decodes alone "
                              "exceed tau (the starvation bound of the deficit scheduler)")
+    # --- SLO-aware decoding (DiLaServe) ---
+    threshold_policy: str = _f("fixed", "fixed: every block commits at the request's threshold (else --threshold); "
+                               "slo: per block, the highest candidate threshold whose predicted remaining latency "
+                               "fits the request's SLO (slo_ms)", choices=("fixed", "slo"))
+    slo_thresholds: str = _f("0.95,0.9,0.8,0.7,0.6,0.5", "candidate thresholds of the slo policy, comma-separated")
+    default_slo_ms: float | None = _f(None, "SLO of a request that gives no slo_ms; none: such a request decodes at "
+                                      "the highest threshold load control allows")
+    quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose")
+    load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
+                            "exceed the cluster's capacity")
+    step_predictor: str | None = _f(None, "step predictor artefact (JSON); none: step_predictor.json in the model "
+                                    "folder when present, else the simple estimator")
+    trace_dir: str | None = _f(None, "write per-step decoding traces (JSONL) to this folder (to train the step "
+                               "predictor)")
     # --- KV cache ---
     page_size: int = _f(16, "tokens per KV page")
     num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens")
@@ -80,6 +94,13 @@ class ServerConfig:
             choices = f.metadata.get("choices")
             if choices is not None and getattr(self, f.name) not in choices:
                 bad(f.name, f"must be one of {', '.join(map(str, choices))}, got {getattr(self, f.name)!r}")
+        cands = self.candidate_thresholds          # parses and checks slo_thresholds
+        if not 0.0 <= self.quality_floor <= 1.0:
+            bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")
+        if not any(c >= self.quality_floor for c in cands):
+            bad("quality_floor", f"{self.quality_floor} is above every candidate threshold {cands}")
+        if self.default_slo_ms is not None and not self.default_slo_ms > 0:
+            bad("default_slo_ms", f"must be > 0 or None, got {self.default_slo_ms}")
         if self.block_length < 1:
             bad("block_length", f"must be >= 1, got {self.block_length}")
         if not 0.0 <= self.threshold <= 1.0:
@@ -105,6 +126,17 @@ class ServerConfig:
             bad("shutdown_timeout_s", f"must be >= 0, got {self.shutdown_timeout_s}")
 
     @property
+    def candidate_thresholds(self) -> tuple[float, ...]:
+        """slo_thresholds parsed: distinct values in (0, 1], highest first."""
+        try:
+            values = [float(v) for v in self.slo_thresholds.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"slo_thresholds: must be comma-separated numbers, got {self.slo_thresholds!r}") from None
+        if not values or not all(0.0 < v <= 1.0 for v in values) or len(set(values)) != len(values):
+            raise ValueError(f"slo_thresholds: need distinct values in (0, 1], got {self.slo_thresholds!r}")
+        return tuple(sorted(values, reverse=True))
+
+    @property
     def pages_per_worker(self) -> int:
         if self.num_pages is not None:
             return self.num_pages
@@ -118,9 +150,10 @@ class ServerConfig:
 
     def worker_config(self) -> "WorkerConfig":
         """What a worker needs of the config, and nothing more (no API key, no HTTP settings)."""
+        summarise = self.threshold_policy == "slo" or self.trace_dir is not None
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
-                            self.fail_every_n_forwards)
+                            self.fail_every_n_forwards, self.candidate_thresholds if summarise else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +186,7 @@ class WorkerConfig:
     policy: WorkerPolicy
     causal: bool = False
     fail_every_n_forwards: int = 0
+    step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

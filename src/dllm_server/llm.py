@@ -22,7 +22,8 @@ from .decoding.params import BlockPolicy, SamplingParams, request_seed
 from .devices import resolve_device
 from .engine.inputs import check_request, prompt_ids
 from .engine.output import advance
-from .engine.policy import DecodePolicy, FixedPolicy
+from .policy import make_policy
+from .policy.base import DecodePolicy
 from .engine.request_state import GenerationOutput, RequestState
 from .engine.tokenize import Tokenizer, stop_token_ids
 from .messages import Abort, ContinueBlock
@@ -40,7 +41,7 @@ class LLM:
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
         self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
-        self.policy = policy or FixedPolicy(self.config.threshold)
+        self.policy = policy or make_policy(self.config, self.path)
         self._arrivals = itertools.count()
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -126,6 +126,7 @@ class StepDelta:
     positions: tuple[int, ...]        # absolute canvas positions committed this step
     token_ids: tuple[int, ...]
     num_masked: int                   # masked positions left in the answer after this step
+    features: tuple[float, ...] = ()  # SLO policy / traces: confidence summary of what is still masked
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,8 @@ class LoadReport:
     prefill_tokens: int = 0           # of iteration_tokens: full-canvas forwards admitted
     num_prefills: int = 0
     policy: WorkerPolicy | None = None   # in effect for that iteration
+    decode_keys: int = 0              # key positions the iteration's decodes attended to
+    prefill_sq: int = 0               # sum of its prefills' squared canvas lengths (attention cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,8 @@ class WorkerReady:
     num_pages: int
     page_size: int
     model: ModelInfo
+    profile: tuple[tuple[float, ...], ...] = ()   # start-up iterations: (decode_tokens, decode_keys,
+                                                  # prefill_tokens, prefill_sq, seconds)
 
 
 @dataclass(frozen=True, slots=True)

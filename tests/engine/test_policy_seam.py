@@ -5,7 +5,7 @@ import asyncio
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.engine.policy import FixedPolicy, ThresholdSchedule
+from dllm_server.policy.base import FixedPolicy, ThresholdSchedule
 
 from .conftest import running
 

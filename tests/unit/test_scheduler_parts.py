@@ -8,7 +8,7 @@ from dllm_server.config import ServerConfig
 from dllm_server.decoding.params import BlockPolicy, SamplingParams
 from dllm_server.engine.detok import IncrementalDetokenizer
 from dllm_server.engine.handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
-from dllm_server.engine.policy import FixedPolicy
+from dllm_server.policy.base import FixedPolicy
 from dllm_server.engine.request_state import RequestState
 from dllm_server.engine.requests import STREAM_NONE, STREAM_TEXT, Entry, RequestTable
 from dllm_server.engine.scheduler import Scheduler

@@ -92,6 +92,19 @@ class Routes:
         c = sum(len(o.token_ids) for o in outputs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
+    def _dllm_summary(self, o, req: DiffusionFields) -> dict:
+        """The diffusion side of a finished choice: forwards, blocks, the threshold each block ran
+        with, and (when the request had an SLO, its own or the server's default) whether it met it."""
+        s = o.stats
+        out = {"forwards": s.num_forwards, "blocks": s.num_blocks_run, "steps_per_block": s.steps_per_block,
+               "tokens_per_forward": round(o.tokens_per_forward, 4),
+               "thresholds": [p.threshold for p in s.block_policies]}
+        slo_ms = req.slo_ms if req.slo_ms is not None else self.engine.config.default_slo_ms
+        if slo_ms is not None and s.latency_s is not None:
+            out.update({"slo_ms": slo_ms, "latency_ms": round(1e3 * s.latency_s, 1),
+                        "slo_met": 1e3 * s.latency_s <= slo_ms})
+        return out
+
     def _observe(self, handle: RequestHandle, output) -> None:
         self.metrics.observe_finished(output, handle.arrived_at, handle.first_step_at, handle.first_token_at,
                                       time.monotonic())
@@ -135,9 +148,7 @@ class Routes:
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
-            c["dllm"] = {"forwards": o.stats.num_forwards, "blocks": o.stats.num_blocks_run,
-                         "steps_per_block": o.stats.steps_per_block,
-                         "tokens_per_forward": round(o.tokens_per_forward, 4)}
+            c["dllm"] = self._dllm_summary(o, req)
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": self.model_name, "choices": choices,
@@ -179,7 +190,9 @@ class Routes:
                                                    "type": "InternalServerError", "param": None, "code": 500}})
                         continue
                     rest = out.text[sent[i]:] if len(out.text) > sent[i] else ""
-                    yield sse.frame(chunk(i, rest, out.finish_reason))
+                    final = chunk(i, rest, out.finish_reason)
+                    final["choices"][0]["dllm"] = self._dllm_summary(out, req)    # as in a non-streamed choice
+                    yield sse.frame(final)
                     continue
                 if req.include_progress:
                     d = ev.delta

@@ -35,12 +35,35 @@ def fixed_count(policy: BlockPolicy, block_length: int, step: int) -> int:
     return schedule[min(step, len(schedule) - 1)]
 
 
-def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow],
-                mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+CONFIDENCE_STATS = ("conf_mean", "conf_min", "conf_max", "conf_q25", "conf_q50", "conf_q75")
+
+
+def confidence_summary(conf: torch.Tensor, still_masked: torch.Tensor,
+                       candidates: tuple[float, ...]) -> torch.Tensor:
+    """Per row, over the positions still masked after this step: the CONFIDENCE_STATS of their
+    top-1 probabilities, then how many clear each candidate threshold. [B, 6 + C] float64; a
+    row with nothing masked gets confidence 1 and zero counts."""
+    c = torch.where(still_masked, conf, torch.full_like(conf, float("nan")))
+    any_masked = still_masked.any(dim=-1, keepdim=True)
+    c = torch.where(any_masked, c, torch.ones_like(c))        # nothing left: everything "certain"
+    q = torch.nanquantile(c, torch.tensor([0.25, 0.5, 0.75], dtype=c.dtype, device=c.device), dim=-1).T
+    stats = [c.nanmean(dim=-1, keepdim=True),
+             torch.where(c.isnan(), torch.full_like(c, float("inf")), c).amin(dim=-1, keepdim=True),
+             torch.where(c.isnan(), torch.full_like(c, -float("inf")), c).amax(dim=-1, keepdim=True), q]
+    if candidates:
+        cand = torch.tensor(candidates, dtype=c.dtype, device=c.device)
+        stats.append(((conf.unsqueeze(-1) >= cand) & still_masked.unsqueeze(-1)).sum(dim=1).to(c.dtype))
+    return torch.cat(stats, dim=-1)
+
+
+def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow], mask_id: int,
+                candidates: tuple[float, ...] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [B, K, V] on the device; masked [B, K] (host or device) marks each row's still-masked
     block positions (padding past a row's width is never masked). Returns host tensors
     (commit bool [B, K], tokens int64 [B, K]); at least one position of every row with a mask
-    commits."""
+    commits. With `candidates` (thresholds), also the rows' confidence_summary, in the same
+    device-to-host copy."""
     dev = logits.device
     masked = masked.to(dev)
     widths = [r.width for r in rows]
@@ -58,5 +81,10 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
                          dtype=torch.int64, device=dev)
     count = unmask.commit_counts(score, masked, threshold, factor, fixed)
     commit = unmask.select_commits(score, masked, count)
-    host = torch.stack((commit.to(torch.int64), tokens)).cpu()     # the step's one device-to-host sync
-    return host[0].bool(), host[1]
+    if candidates is None:
+        host = torch.stack((commit.to(torch.int64), tokens)).cpu()     # the step's one device-to-host sync
+        return host[0].bool(), host[1]
+    summary = confidence_summary(conf, masked & ~commit, tuple(candidates))
+    k = commit.shape[1]
+    host = torch.cat((commit.to(torch.float64), tokens.to(torch.float64), summary), dim=1).cpu()
+    return host[:, :k].bool(), host[:, k:2 * k].to(torch.int64), host[:, 2 * k:]

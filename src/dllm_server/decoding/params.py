@@ -5,7 +5,7 @@
 - `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
   the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
 - `BlockPolicy`: how one block commits (threshold, factor or a fixed number of steps), chosen by
-  the front process's policy per block (engine/policy.py), so blocks of one request may differ.
+  the front process's decode policy per block (policy/), so blocks of one request may differ.
 
 No torch, no devices here.
 """
@@ -37,6 +37,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     block_length: int | None = None
+    slo_ms: float | None = None          # end-to-end latency target from arrival (threshold policy "slo")
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -75,6 +76,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", stop)
         if self.block_length is not None and (not is_int(self.block_length) or self.block_length < 1):
             bad("block_length", f"must be an integer >= 1, got {self.block_length!r}")
+        if self.slo_ms is not None and (not is_num(self.slo_ms) or self.slo_ms <= 0):
+            bad("slo_ms", f"must be a finite number > 0, got {self.slo_ms!r}")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
 

@@ -20,7 +20,8 @@ from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
 from .inputs import check_request, prompt_ids
 from .placement import worker_roles
-from .policy import DecodePolicy, FixedPolicy
+from ..policy import make_policy
+from ..policy.base import DecodePolicy
 from .request_state import GenerationOutput, RequestState
 from .requests import STREAM_NONE, Entry, RequestHandle, StreamEvent
 from .scheduler import Scheduler
@@ -45,7 +46,7 @@ class AsyncEngine:
         self.path = model_path(config.model)
         read_config(self.path)            # a clear error now, not a worker traceback later
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
-        self.policy = policy or FixedPolicy(config.threshold)
+        self.policy = policy or make_policy(config, self.path)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.devices = worker_devices(config.device, config.placement, len(self.roles))   # fails here, clearly
         self.scheduler: Scheduler | None = None

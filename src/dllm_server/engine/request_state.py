@@ -25,6 +25,7 @@ class GenerationStats:
     num_blocks_run: int = 0
     num_committed: int = 0
     block_policies: list[BlockPolicy] = field(default_factory=list)   # the commit rule of each block run
+    latency_s: float | None = None       # arrival to finish, served requests only
 
     def tokens_per_forward(self, num_tokens: int) -> float:
         return num_tokens / self.num_forwards if self.num_forwards else 0.0
@@ -59,6 +60,7 @@ class RequestState:
         self.stop_ids = stop_ids
         self._stop_set = frozenset(() if params.ignore_eos else stop_ids)
         self.arrival_seq = arrival_seq
+        self.arrived_at = 0.0                # set when the scheduler admits it (its clock)
         self.prompt_len = len(prompt_ids)
         self.answer_len = answer_len(params.max_tokens, params.block_length)
         self.num_blocks = num_blocks(params.max_tokens, params.block_length)

@@ -38,6 +38,7 @@ class Entry:
     first_token_at: float | None = None
     first_step_at: float | None = None
     done: bool = False
+    lease: object | None = None        # the BlockPolicy leased for the next block, if any
 
 
 class RequestHandle:
@@ -81,6 +82,7 @@ class RequestTable:
     entries: dict[str, Entry] = field(default_factory=dict)
     num_waiting: int = 0                               # admitted, no step seen yet
     pending: collections.deque = field(default_factory=collections.deque)   # no worker could take them yet
+    leased: dict[str, Entry] = field(default_factory=dict)   # next block leased to the worker holding it
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -100,13 +102,17 @@ class RequestTable:
             entry.started = True
             self.num_waiting -= 1
 
+    def set_lease(self, entry: Entry, then) -> None:
+        entry.lease = then
+        if then is None:
+            self.leased.pop(entry.state.request_id, None)
+        else:
+            self.leased[entry.state.request_id] = entry
+
     def remove(self, entry: Entry) -> None:
         """Evict: memory stays bounded."""
         self.started(entry)
+        self.set_lease(entry, None)
         entry.done = True
         self.entries.pop(entry.state.request_id, None)
 
-    def take_pending(self) -> list[Entry]:
-        out = [self.entries[rid] for rid in self.pending if rid in self.entries]
-        self.pending.clear()
-        return out

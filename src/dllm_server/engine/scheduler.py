@@ -16,14 +16,14 @@ from typing import Callable
 
 from ..decoding.params import BlockPolicy
 from ..messages import (Abort, BlockDone, ContinueBlock, HandoffDone, InstallKV, KVSent, LoadReport, PrefillDone,
-                        SetPolicy, StepDelta, WorkerFailed, WorkerReady)
+                        StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from .output import advance, canvas_text
 from .placement import WorkerLoad, keeps_request, pick_prefill_worker
-from .policy import DecodePolicy
+from ..policy.base import DecodePolicy
 from .request_state import GenerationOutput
 from .requests import STREAM_PROGRESS, STREAM_TEXT, Entry, RequestTable, StreamEvent
-from .stats import Counters, EngineStats, WorkerStats
+from .stats import Counters, EngineStats, snapshot
 from .workers import WorkerTable
 
 log = logging.getLogger(__name__)
@@ -51,12 +51,14 @@ class Scheduler:
         self.counters = Counters()
         self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
+        self.ticks, self.tick_s = 0, 0.0               # on_messages calls and the time spent in them
         self.ready_event = asyncio.Event()
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
+        entry.arrived_at = entry.state.arrived_at = self.clock()
         self.requests.add(entry)
         self._dispatch(entry, self._block_policy(entry))
 
@@ -88,6 +90,7 @@ class Scheduler:
         handoff = role == "prefill" and not any_role
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
         then = None if handoff else self._lease(entry, wid, loads)
+        self.requests.set_lease(entry, then)
         msg = st.submit_msg(policy, then, step_offset)
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
@@ -100,12 +103,7 @@ class Scheduler:
         st = entry.state
         if st.block_index + 1 >= st.num_blocks:
             return None
-        if loads is None:
-            loads = self.workers.loads()
-            if entry.charged is not None:    # judge the other requests' load, not this one's own block
-                w, tokens = entry.charged
-                loads = [dataclasses.replace(x, outstanding_prefill_tokens=x.outstanding_prefill_tokens - tokens)
-                         if x.worker_id == w else x for x in loads]
+        loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
         keep = keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len))
         return self._block_policy(entry, st.block_index + 1) if keep else None
 
@@ -124,23 +122,34 @@ class Scheduler:
         if abort_worker and entry.worker is not None and self.workers[entry.worker].alive:
             self.send(entry.worker, Abort(rid))
         self._uncharge(entry)
+        self.requests.set_lease(entry, None)
         self._run(self.handoffs.release(rid))
         self.requests.remove(entry)
+        now = self.clock()
+        output.stats.latency_s = now - entry.arrived_at
+        if self.policy.observes:
+            self.policy.on_finish(entry.state, output, now)
         entry.events.put_nowait(StreamEvent(rid, output=output))
 
     # ---- worker messages ----
     def on_messages(self, wid: int, batch: list) -> None:
+        t0 = time.perf_counter()
+        observes = self.policy.observes
         for msg in batch:
             if isinstance(msg, LoadReport):
                 if self.workers.on_report(wid, msg):
                     self.trace.append((self.clock(), msg))
                     self.counters.canvas_positions += msg.iteration_tokens
+                if observes:
+                    self.policy.on_report(wid, msg, self.clock())
             elif isinstance(msg, KVSent):
                 self._run(self.handoffs.on_kv_sent(msg))
             elif isinstance(msg, HandoffDone):
                 self._run(self.handoffs.on_handoff_done(msg))
             elif isinstance(msg, WorkerReady):
                 self.workers.on_ready(msg)
+                if observes:
+                    self.policy.seed(wid, msg.profile)
                 if self.workers.all_ready:
                     self.ready_event.set()
             elif isinstance(msg, WorkerFailed):
@@ -152,6 +161,20 @@ class Scheduler:
                 if entry is not None:
                     self._on_request_message(entry, wid, msg)
         self._retry_waiting()
+        if observes:
+            self._revise()
+        self.ticks += 1
+        self.tick_s += time.perf_counter() - t0
+
+    def _revise(self) -> None:
+        """Let an observing policy re-decide leased next blocks (it rate-limits itself)."""
+        changes = self.policy.revise({rid: (e.state, e.worker, e.lease) for rid, e in self.requests.leased.items()},
+                                     self.clock())
+        for rid, then in changes.items():
+            entry = self.requests.leased.get(rid)
+            if entry is not None and entry.worker is not None:
+                self.requests.set_lease(entry, then)
+                self.send(entry.worker, ContinueBlock(rid, entry.state.block_index, then))
 
     def startup_failed(self, reason: str) -> None:
         self.failure = self.failure or reason
@@ -165,6 +188,11 @@ class Scheduler:
             self._run(self.handoffs.on_prefill_done(st.request_id, msg))
             return
         outcome = advance(st, msg)
+        if self.policy.observes:
+            if isinstance(msg, StepDelta):
+                self.policy.on_step(st, msg, wid, self.clock())
+            elif isinstance(msg, BlockDone):
+                self.policy.on_block_done(st, msg)
         if isinstance(msg, StepDelta) and outcome.output is None:
             if entry.stream == STREAM_PROGRESS:
                 entry.events.put_nowait(StreamEvent(st.request_id, msg, st.text, canvas_text(st, self.tokenizer)))
@@ -172,6 +200,7 @@ class Scheduler:
                 entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
         if isinstance(msg, BlockDone):
             self._uncharge(entry)
+            self.requests.set_lease(entry, None)
             self._run(self.handoffs.release(st.request_id))
             entry.worker = wid if outcome.continued else None
         if outcome.output is not None:
@@ -181,6 +210,7 @@ class Scheduler:
             self._charge(entry, wid, st.prompt_len + st.answer_len)
             then = self._lease(entry, wid)
             if then is not None:
+                self.requests.set_lease(entry, then)
                 self.send(wid, ContinueBlock(st.request_id, st.block_index, then))
         elif outcome.next_block:
             self._dispatch(entry, self._block_policy(entry))
@@ -230,14 +260,8 @@ class Scheduler:
             if overflow_threshold_tokens < 0:
                 raise ValueError(f"overflow_threshold_tokens: must be >= 0, got {overflow_threshold_tokens}")
             self.theta = overflow_threshold_tokens
-        if not changes:
-            return
-        targets = list(self.workers) if worker_id is None else [self.workers[worker_id]]
-        new = [dataclasses.replace(w.policy, **changes) for w in targets]     # validates before any send
-        for w, policy in zip(targets, new):
-            w.policy = policy
-            if w.alive:
-                self.send(w.worker_id, SetPolicy(policy))
+        for wid, msg in self.workers.set_policy(worker_id, changes):
+            self.send(wid, msg)
 
     # ---- failures ----
     def on_worker_lost(self, worker_ids: list[int], reason: str) -> None:
@@ -256,12 +280,4 @@ class Scheduler:
 
     # ---- observability ----
     def stats(self, pids: dict[int, int | None] | None = None) -> EngineStats:
-        workers = tuple(WorkerStats(
-            w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
-            w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
-            w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
-            w.report.num_iterations if w.report else 0, w.policy, (pids or {}).get(w.worker_id))
-            for w in self.workers)
-        n_wait = self.requests.num_waiting
-        return EngineStats(len(self.requests) - n_wait, n_wait, len(self.requests.pending), len(self.handoffs.held),
-                           workers, dataclasses.replace(self.counters), self.theta)
+        return snapshot(self, pids or {})

@@ -2,6 +2,7 @@
 and benchmarks read. Built on demand (cheap: a few fields per worker); never mutated."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import WorkerPolicy
@@ -52,6 +53,9 @@ class EngineStats:
     workers: tuple[WorkerStats, ...]
     counters: Counters
     overflow_threshold_tokens: int
+    ticks: int = 0                # scheduler ticks (worker message batches handled)
+    tick_s: float = 0.0           # front-loop seconds spent in them
+    policy: dict | None = None    # the decode policy's own summary (SLO policy: cap, predictor error, ...)
 
     @property
     def num_requests(self) -> int:
@@ -73,3 +77,17 @@ class EngineStats:
     @property
     def workers_up(self) -> int:
         return sum(w.up for w in self.workers)
+
+
+def snapshot(sched, pids: dict[int, int | None]) -> EngineStats:
+    """Build the snapshot from a Scheduler's parts."""
+    workers = tuple(WorkerStats(
+        w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
+        w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
+        w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
+        w.report.num_iterations if w.report else 0, w.policy, pids.get(w.worker_id))
+        for w in sched.workers)
+    n_wait = sched.requests.num_waiting
+    summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None
+    return EngineStats(len(sched.requests) - n_wait, n_wait, len(sched.requests.pending), len(sched.handoffs.held),
+                       workers, dataclasses.replace(sched.counters), sched.theta, sched.ticks, sched.tick_s, summary)

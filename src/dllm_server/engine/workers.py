@@ -3,10 +3,11 @@ the pages promised to in-flight handoffs and the prefill tokens routed to them b
 started. Plain state with small methods; no messages are sent from here."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import WorkerPolicy
-from ..messages import LoadReport, ModelInfo, WorkerReady
+from ..messages import LoadReport, ModelInfo, SetPolicy, WorkerReady
 from .placement import WorkerLoad
 
 
@@ -46,9 +47,10 @@ class WorkerTable:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def loads(self) -> list[WorkerLoad]:
-        return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens, w.free_pages, w.num_pages, w.available)
-                for w in self.workers]
+    def loads(self, minus: tuple[int, int] | None = None) -> list[WorkerLoad]:
+        """Every worker's load; `minus` (worker, tokens): leave out one request's own charge."""
+        return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens - (minus[1] if minus and minus[0] ==
+                           w.worker_id else 0), w.free_pages, w.num_pages, w.available) for w in self.workers]
 
     @property
     def all_ready(self) -> bool:
@@ -88,3 +90,17 @@ class WorkerTable:
             w = self.workers[wid]
             w.alive = w.ready = False
             w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
+
+    def set_policy(self, worker_id: int | None, changes: dict) -> list[tuple[int, SetPolicy]]:
+        """New runtime policies for one worker (or all): validated before any is applied; returns
+        the SetPolicy messages for the live ones."""
+        if not changes:
+            return []
+        targets = list(self.workers) if worker_id is None else [self.workers[worker_id]]
+        new = [dataclasses.replace(w.policy, **changes) for w in targets]
+        out = []
+        for w, policy in zip(targets, new):
+            w.policy = policy
+            if w.alive:
+                out.append((w.worker_id, SetPolicy(policy)))
+        return out

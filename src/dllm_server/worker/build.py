@@ -16,6 +16,7 @@ from .handoff import WorkerHandoffs
 from .kv_pool import KVPool
 from .kv_transfer import Waiter
 from .model_step import ModelStepper
+from .profile import profile_iterations
 
 
 def model_info(args: ModelArgs) -> ModelInfo:
@@ -31,3 +32,10 @@ def build_core(config: WorkerConfig, model_path: str, device: torch.device, work
     stepper = ModelStepper(config, model, args, pool, device)
     handoffs = WorkerHandoffs(worker_id, pool, Waiter(device)) if transfers else None
     return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit), model_info(args)
+
+
+def startup_profile(core: WorkerCore, info: ModelInfo) -> tuple[tuple[float, ...], ...]:
+    """Iteration timings for the front's step-time model (only policies that predict need it)."""
+    if core.config.step_candidates is None:
+        return ()
+    return profile_iterations(core, info.max_len, info.vocab_size)

@@ -72,6 +72,8 @@ class BlockTask:
 class IterationStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    decode_keys: int = 0
+    prefill_sq: int = 0
     num_prefills: int = 0
     num_decodes: int = 0
     deficit_tokens: int = 0
@@ -211,7 +213,8 @@ class WorkerCore:
         last = self.last
         return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_free_pages,
                           self.deficit_tokens, last.prefill_tokens + last.decode_tokens, num_iterations,
-                          iteration_s, last.forward_s, last.prefill_tokens, last.num_prefills, self.policy)
+                          iteration_s, last.forward_s, last.prefill_tokens, last.num_prefills, self.policy,
+                          last.decode_keys, last.prefill_sq)
 
     # ---- one iteration ----
     def step(self) -> list:
@@ -226,7 +229,9 @@ class WorkerCore:
         prefills = self._admit(decode_tokens)
         last = self.last
         last.prefill_tokens = sum(t.canvas.numel() for t in prefills)
+        last.prefill_sq = sum(t.canvas.numel() ** 2 for t in prefills)
         last.decode_tokens = decode_tokens
+        last.decode_keys = sum(t.canvas.numel() for t in decodes)
         last.num_prefills, last.num_decodes = len(prefills), len(decodes)
         last.forward_s = 0.0
         batch = prefills + decodes
@@ -253,7 +258,7 @@ class WorkerCore:
             if streamed:
                 self.handoffs.close_streams()     # a failed forward still completes the receiver's receives
         last.forward_s = result.forward_s
-        return self._apply(batch, result.commit, result.tokens, len(prefills))
+        return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary)
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         """Admission over the waiting blocks in arrival order; a continued block already holds its
@@ -276,7 +281,8 @@ class WorkerCore:
                 t.alloc = self.pool.allocate(t.request_id, t.canvas.numel())
         return admitted
 
-    def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int) -> list:
+    def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
+               summary: torch.Tensor | None = None) -> list:
         mask_id = self.mask_id
         out: list = []
         for i, t in enumerate(batch):
@@ -287,7 +293,8 @@ class WorkerCore:
             p = t.params
             answer = t.canvas[t.prompt_len:]
             out.append(StepDelta(t.request_id, t.block_index, t.step, tuple(positions.tolist()),
-                                 tuple(committed.tolist()), int((answer == mask_id).sum())))
+                                 tuple(committed.tolist()), int((answer == mask_id).sum()),
+                                 () if summary is None else tuple(summary[i].tolist())))
             t.step += 1
             final = is_final(answer, mask_id, t.stop_ids, p.max_tokens, p.ignore_eos)
             was_prefill = i < n_prefills

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..config import WorkerConfig
 from ..messages import Shutdown, WorkerFailed, WorkerReady, WorkerSpec
-from .build import build_core
+from .build import build_core, startup_profile
 from .kv_transfer import connect_peers
 
 
@@ -50,7 +50,8 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
                                 rank=spec.worker_id, world_size=spec.world_size)
         connect_peers(spec.worker_id, list(spec.kv_peers), device)
     core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put)
-    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info)])
+    profile = startup_profile(core, info)
+    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile)])
     iterations = 0
     parent = os.getppid()
     while True:

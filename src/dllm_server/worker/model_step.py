@@ -39,6 +39,7 @@ class StepResult:
     commit: torch.Tensor          # bool [B, K], host: positions committed per block (block-relative)
     tokens: torch.Tensor          # int64 [B, K], host
     forward_s: float
+    summary: torch.Tensor | None = None   # float64 [B, F], host: confidence_summary per block
 
 
 class Stepper(Protocol):
@@ -101,5 +102,5 @@ class ModelStepper:
         for i, t in enumerate(batch):
             masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
         rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step) for t in batch]
-        commit, tokens = commit_step(logits, masked, rows, mask_id)
-        return StepResult(commit, tokens, timer.seconds())   # after the commit's host copy: no extra sync
+        out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
+        return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None)   # timer read after the copy

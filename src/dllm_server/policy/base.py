@@ -1,0 +1,99 @@
+"""The front process's per-block decode policy: for every block of a request, the commit rule it
+runs with (BlockPolicy), chosen when the block is routed or leased. The policies here are the
+plain ones; policy/slo.py is the SLO-aware one.
+
+A policy runs on the front loop, so it must be cheap and must not block. It sees the request's
+state; a policy that `observes` is also fed the workers' iteration reports, every step and every
+finish, and may revise the policy of leased next blocks once per scheduling tick.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..decoding.canvas import steps_per_block
+from ..decoding.params import BlockPolicy
+from ..engine.request_state import GenerationOutput, RequestState
+from ..messages import BlockDone, LoadReport, StepDelta
+
+
+class DecodePolicy(Protocol):
+    observes: bool
+
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy: ...
+
+    def seed(self, worker_id: int, profile: tuple[tuple[float, ...], ...]) -> None: ...
+
+    def on_report(self, worker_id: int, report: LoadReport, now: float) -> None: ...
+
+    def on_block_done(self, state: RequestState, msg: BlockDone) -> None: ...
+
+    def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None: ...
+
+    def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None: ...
+
+    def revise(self, leases: dict[str, tuple[RequestState, int, BlockPolicy]], now: float) -> dict[str, BlockPolicy]:
+        """{request: (state, worker, leased next-block policy)} -> the leases to change."""
+        ...
+
+
+class StaticPolicy:
+    """A policy that decides from the request alone (no observations, no revisions)."""
+    observes = False
+
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
+        raise NotImplementedError
+
+    def seed(self, worker_id: int, profile) -> None:
+        pass
+
+    def on_report(self, worker_id: int, report: LoadReport, now: float) -> None:
+        pass
+
+    def on_block_done(self, state: RequestState, msg: BlockDone) -> None:
+        pass
+
+    def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None:
+        pass
+
+    def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None:
+        pass
+
+    def revise(self, leases, now: float) -> dict[str, BlockPolicy]:
+        return {}
+
+
+def request_rule(state: RequestState, block_index: int, default_threshold: float) -> BlockPolicy:
+    """The request's own rule: its threshold (else `default_threshold`), its factor, or its fixed
+    steps split over the blocks as LLaDA does."""
+    s = state.sampling
+    steps = None if s.steps is None else steps_per_block(s.steps, state.num_blocks, block_index)
+    return BlockPolicy(default_threshold if s.threshold is None else s.threshold, s.factor, steps)
+
+
+def names_a_rule(state: RequestState) -> bool:
+    s = state.sampling
+    return s.threshold is not None or s.factor is not None or s.steps is not None
+
+
+class FixedPolicy(StaticPolicy):
+    """Every block of a request commits by the request's own rule: its threshold (the server's
+    when it gives none), its factor, or its fixed steps split over the blocks as LLaDA does."""
+
+    def __init__(self, default_threshold: float):
+        self.default_threshold = default_threshold
+
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
+        return request_rule(state, block_index, self.default_threshold)
+
+
+class ThresholdSchedule(StaticPolicy):
+    """Block k commits with thresholds[k] (the last one for later blocks), whatever the request
+    asked; for replaying or testing per-block decisions."""
+
+    def __init__(self, thresholds: list[float]):
+        if not thresholds:
+            raise ValueError("thresholds: give at least one")
+        self.thresholds = [BlockPolicy(float(t)) for t in thresholds]
+
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
+        return self.thresholds[min(block_index, len(self.thresholds) - 1)]

@@ -1,0 +1,88 @@
+"""What a request's denoising looks like so far, and the step predictor's features.
+
+`Progress` is updated from each StepDelta (the committed positions, the masked count, the worker's
+confidence summary of what is still masked); `feature_row` turns it into the predictor's input for
+one candidate threshold. The online SLO policy and the offline trace writer both use these, so the
+features a predictor is trained on are exactly the ones it is later given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..decoding.commit import CONFIDENCE_STATS
+from ..engine.request_state import RequestState
+from ..messages import StepDelta
+
+FEATURES = ("tau", "block_index", "blocks_left", "step", "masked_in_block", "masked_frac", "committed_last",
+            "answer_masked", "prefix_frac", "eos_seen", "forwards", "mean_block_forwards", "prompt_len",
+            "max_tokens", "block_length", *CONFIDENCE_STATS, "clear_tau", "clear_tau_frac")
+TARGETS = ("block_rem", "fut_forwards", "fut_blocks")
+UNKNOWN = -1.0       # a feature not observed yet (before the first step; no finished block)
+
+
+@dataclass(slots=True)
+class Progress:
+    prompt_len: int
+    max_tokens: int
+    block_length: int
+    num_blocks: int
+    stop_ids: frozenset
+    block_index: int = 0
+    step: int = 0                      # forwards of the current block so far
+    masked_in_block: int = 0
+    committed_last: int = 0
+    answer_masked: int = 0
+    prefix_len: int = 0
+    forwards: int = 0
+    eos_seen: bool = False
+    finished_blocks: list[int] = field(default_factory=list)   # forwards per finished block
+    summary: tuple[float, ...] = ()    # the worker's confidence_summary after the last step
+    updated: bool = True               # new observations since the last prediction
+
+    @classmethod
+    def start(cls, st: RequestState) -> "Progress":
+        p = st.params
+        return cls(st.prompt_len, p.max_tokens, p.block_length, st.num_blocks,
+                   frozenset(() if p.ignore_eos else st.stop_ids), masked_in_block=p.block_length,
+                   answer_masked=st.answer_len)
+
+    def observe(self, delta: StepDelta, st: RequestState) -> None:
+        if delta.block_index != self.block_index:     # end_block normally moves it first
+            self.block_index = delta.block_index
+        self.step = delta.step + 1
+        self.forwards += 1
+        self.committed_last = len(delta.positions)
+        self.answer_masked = delta.num_masked
+        lo = delta.block_index * self.block_length
+        self.masked_in_block = st.answer[lo: lo + self.block_length].count(st.mask_id)
+        self.prefix_len = st.prefix_end
+        if not self.eos_seen and self.stop_ids:
+            self.eos_seen = any(t in self.stop_ids for t in delta.token_ids)
+        self.summary = delta.features
+        self.updated = True
+
+    def end_block(self, num_steps: int) -> None:
+        """The current block ended (BlockDone): its forwards are known."""
+        self.finished_blocks.append(num_steps)
+        self.block_index += 1
+        self.step = 0
+        self.masked_in_block = self.block_length
+        self.summary = ()
+        self.updated = True
+
+
+def feature_row(p: Progress, tau: float, candidates: tuple[float, ...]) -> list[float]:
+    """The predictor's input for `p` if its blocks committed at threshold `tau`."""
+    n_stats = len(CONFIDENCE_STATS)
+    if p.summary:
+        stats = list(p.summary[:n_stats])
+        counts = p.summary[n_stats:]
+        clear = float(counts[candidates.index(tau)]) if tau in candidates and len(counts) == len(candidates) \
+            else UNKNOWN
+    else:
+        stats, clear = [UNKNOWN] * n_stats, UNKNOWN
+    done = p.finished_blocks
+    return [tau, p.block_index, p.num_blocks - p.block_index - 1, p.step, p.masked_in_block,
+            p.masked_in_block / p.block_length, p.committed_last, p.answer_masked, p.prefix_len / p.max_tokens,
+            float(p.eos_seen), p.forwards, sum(done) / len(done) if done else UNKNOWN, p.prompt_len, p.max_tokens,
+            p.block_length, *stats, clear, clear / p.masked_in_block if clear >= 0 and p.masked_in_block else UNKNOWN]

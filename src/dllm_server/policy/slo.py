@@ -1,0 +1,213 @@
+"""SLOPolicy (DiLaServe): each block commits at the highest candidate threshold whose predicted
+remaining latency fits what is left of the request's SLO, under a cluster-wide cap from load
+control. A request that names its own rule (threshold, factor or steps) keeps it.
+
+Fed by the scheduler (it `observes`): the workers' iteration reports train one step-time model
+per worker (seeded by each worker's start-up profile); every step updates the request's Progress.
+Decisions: `block_policy` when a block is dispatched; `revise`, once per scheduling tick, re-decides
+the policy of every leased next block whose request progressed, in one batched prediction, and
+updates the load-control cap (at most every CONTROL_INTERVAL_S).
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..decoding.params import BlockPolicy
+from ..engine.request_state import GenerationOutput, RequestState
+from ..messages import BlockDone, LoadReport, StepDelta
+from .base import StaticPolicy, names_a_rule, request_rule
+from .load_control import LoadController, capacity_rate, demand_rate
+from .progress import Progress, feature_row
+from .step_time import StepTimeModel, features, report_features
+from .thresholds import allowed, choose_threshold, remaining_seconds
+
+CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
+REVISE_INTERVAL_S = 0.05      # leased next blocks are re-decided at most this often
+DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
+
+
+class SLOPolicy(StaticPolicy):
+    observes = True
+
+    def __init__(self, config, predictor, clock: Callable[[], float] = time.monotonic):
+        self.all_candidates = config.candidate_thresholds          # what the workers count against
+        self.candidates = tuple(c for c in self.all_candidates if c >= config.quality_floor)
+        self.floor = config.quality_floor
+        self.block_length = config.block_length
+        self.default_slo_s = None if config.default_slo_ms is None else config.default_slo_ms / 1e3
+        self.predictor = predictor
+        self.clock = clock
+        self.models: dict[int, StepTimeModel] = collections.defaultdict(StepTimeModel)
+        self.reports: dict[int, LoadReport] = {}
+        self.progress: dict[str, Progress] = {}
+        self.states: dict[str, RequestState] = {}
+        self.where: dict[str, int] = {}
+        self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
+        self.controller = LoadController(self.candidates) if config.load_control else None
+        self._controlled_at = self._revised_at = -1e9
+        self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
+        self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
+        self.predict_s = collections.deque(maxlen=1024)              # seconds per batched prediction
+        self.predict_rows = collections.deque(maxlen=1024)
+
+    @property
+    def cap(self) -> float:
+        return self.controller.cap if self.controller is not None else self.candidates[0]
+
+    # ---- observations ----
+    def seed(self, worker_id: int, profile) -> None:
+        for d, dk, p, psq, seconds in profile:
+            self.models[worker_id].add(features(d, dk, p, psq), seconds)
+
+    def on_report(self, worker_id: int, report: LoadReport, now: float) -> None:
+        prev = self.reports.get(worker_id)
+        self.reports[worker_id] = report
+        if report.forward_s > 0 and (prev is None or report.num_iterations > prev.num_iterations):
+            self.models[worker_id].add_report(report)
+
+    def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None:
+        rid = state.request_id
+        p = self.progress.get(rid)
+        if p is None:
+            p = self.progress[rid] = Progress.start(state)
+        p.observe(delta, state)
+        self.states[rid] = state
+        self.where[rid] = worker_id
+
+    def on_block_done(self, state: RequestState, msg: BlockDone) -> None:
+        p = self.progress.get(state.request_id)
+        if p is not None:
+            p.end_block(msg.num_steps)
+
+    def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None:
+        rid = state.request_id
+        total = output.stats.num_forwards
+        if output.finish_reason in ("stop", "length"):
+            if rid in self.first_guess:
+                self.errors["oneshot"].append(self.first_guess[rid] - total)
+            for done, remaining in self.online_guess.get(rid, ()):
+                self.errors["online"].append(done + remaining - total)
+        for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess):
+            d.pop(rid, None)
+
+    # ---- decisions ----
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
+        if names_a_rule(state):
+            return request_rule(state, block_index, self.candidates[0])
+        [tau] = self._choose([(state, block_index)], self.clock())
+        return BlockPolicy(tau)
+
+    def revise(self, leases: dict, now: float) -> dict[str, BlockPolicy]:
+        """leases: {request: (state, worker, leased next-block policy)}."""
+        if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
+            self._control(now)
+        if now - self._revised_at < REVISE_INTERVAL_S:
+            return {}
+        self._revised_at = now
+        todo = [(st, st.block_index + 1, pol) for st, _, pol in leases.values()
+                if not names_a_rule(st) and (p := self.progress.get(st.request_id)) is not None and p.updated]
+        if not todo:
+            return {}
+        taus = self._choose([(st, k) for st, k, _ in todo], now)
+        return {st.request_id: BlockPolicy(t) for (st, _, pol), t in zip(todo, taus) if t != pol.threshold}
+
+    def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
+        """One batched prediction for every (request, block to decide), every candidate."""
+        rows, cur_rows, meta = [], [], []
+        for st, k in items:
+            p = self.progress.get(st.request_id) or Progress.start(st)
+            p.updated = False
+            starting = p.block_index == k and p.step == 0          # the decided block is the next to run
+            cur_tau = self.decided[st.request_id].get(p.block_index, self.cap)
+            rows += [feature_row(p, c, self.all_candidates) for c in self.candidates]
+            cur_rows.append(feature_row(p, cur_tau, self.all_candidates))
+            meta.append((st, k, p, starting))
+        pred, cur = self._predict(np.asarray(rows), np.asarray(cur_rows))
+        out, n = [], len(self.candidates)
+        for i, (st, k, p, starting) in enumerate(meta):
+            w = self.where.get(st.request_id)
+            t_iter, t_wait = self._costs(w)
+            sl = slice(i * n, (i + 1) * n)
+            block_rem = pred["block_rem"][sl] if starting else np.full(n, cur["block_rem"][i])
+            secs = {c: remaining_seconds(b, f, fb, t_iter, t_wait)
+                    for c, b, f, fb in zip(self.candidates, block_rem, pred["fut_forwards"][sl], pred["fut_blocks"][sl])}
+            tau = choose_threshold(self.candidates, secs, self._budget(st, now), self.cap, self.floor)
+            self.decided[st.request_id][k] = tau
+            j = self.candidates.index(tau)
+            remaining = float(block_rem[j] + pred["fut_forwards"][sl][j])
+            if st.request_id not in self.first_guess:            # at admission: the one-shot estimate
+                self.first_guess[st.request_id] = p.forwards + remaining
+            else:
+                self.online_guess[st.request_id].append((p.forwards, remaining))
+            out.append(tau)
+        return out
+
+    def _predict(self, rows: np.ndarray, cur_rows: np.ndarray):
+        t = time.perf_counter()
+        both = self.predictor.predict(np.vstack([rows, cur_rows]))
+        self.predict_s.append(time.perf_counter() - t)
+        self.predict_rows.append(len(rows) + len(cur_rows))
+        n = len(rows)
+        return {k: v[:n] for k, v in both.items()}, {k: v[n:] for k, v in both.items()}
+
+    def _budget(self, st: RequestState, now: float) -> float | None:
+        slo = st.sampling.slo_ms / 1e3 if st.sampling.slo_ms is not None else self.default_slo_s
+        return None if slo is None else slo - (now - st.arrived_at)
+
+    def _costs(self, worker: int | None) -> tuple[float, float]:
+        """(seconds per iteration at the worker's current load, seconds a re-prefill waits)."""
+        ids = [worker] if worker in self.reports else list(self.reports) or list(self.models)
+        best = None
+        for w in ids:
+            m, r = self.models[w], self.reports.get(w)
+            if r is None:
+                t = m.predict(features(self.block_length, 256))
+                wait = 0.0
+            else:
+                t = m.predict(report_features(r)) or r.iteration_s
+                pol = r.policy
+                allowance = None if pol is None or pol.token_budget is None else max(
+                    pol.token_budget - (r.iteration_tokens - r.prefill_tokens), pol.token_budget * pol.credit_share)
+                wait = 0.0 if allowance is None else t * r.outstanding_prefill_tokens / max(1.0, allowance)
+            if best is None or t + wait < best[0] + best[1]:
+                best = (t, wait)
+        return best if best is not None else (0.0, 0.0)
+
+    def _control(self, now: float) -> None:
+        """Lower / raise the cap from the worst-case demand against the workers' capacity."""
+        self._controlled_at = now
+        live = list(self.states)
+        if not live or not self.models:
+            return
+        rows = [feature_row(self.progress[rid], c, self.all_candidates) for rid in live for c in self.candidates]
+        pred = self.predictor.predict(np.asarray(rows))
+        work = (pred["block_rem"] + pred["fut_forwards"]).reshape(len(live), len(self.candidates))
+        budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
+                              for rid in live])
+        demand = demand_rate(work, budgets, 1.0)
+        capacity = 0.0
+        for w, m in self.models.items():
+            if not m.ready:
+                continue
+            r = self.reports.get(w)
+            seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
+            keys = (r.decode_keys / max(1, r.num_active_decodes)) if r is not None and r.num_active_decodes else 256
+            capacity += capacity_rate(lambda n, m=m, k=keys: m.predict(features(n * self.block_length, n * k)), seats)
+        self.controller.update(demand, capacity)
+
+    # ---- observability ----
+    def summary(self) -> dict:
+        errs = {k: np.asarray(v, dtype=float) for k, v in self.errors.items()}
+        models = [m.mean_abs_rel_error() for m in self.models.values()]
+        return {"cap": self.cap, "predictor": self.predictor.name,
+                "mae_forwards": {k: float(np.abs(e).mean()) if e.size else None for k, e in errs.items()},
+                "step_time_rel_error": float(np.mean([e for e in models if e is not None])) if any(
+                    e is not None for e in models) else None,
+                "predict_ms_mean": 1e3 * float(np.mean(self.predict_s)) if self.predict_s else None,
+                "predict_rows_mean": float(np.mean(self.predict_rows)) if self.predict_rows else None,
+                "allowed": allowed(self.candidates, self.cap, self.floor)}

@@ -1,0 +1,100 @@
+"""A worker's iteration time as a function of what the iteration feeds, separately for cache steps
+(decode-only iterations: every row feeds its block against cached K/V) and recompute steps
+(iterations with a full-canvas forward, a prefill or re-prefill).
+
+time = c0 + c1 * decode_tokens + c2 * decode_keys + [c3 * prefill_tokens + c4 * prefill_sq]
+
+decode_keys (the key positions the decodes attend to) and prefill_sq (the sum of squared canvas
+lengths: a full forward's attention is quadratic in its canvas) carry attention's cost; the
+token terms carry the linear layers. Coefficients are fitted by least squares (ridge-damped,
+clipped at 0: time never falls with more work) to a start-up profile and then to the worker's
+own iteration reports, refitted every few reports. Pure functions plus a small state.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..messages import LoadReport
+
+CACHE_COLUMNS = ("const", "decode_tokens", "decode_keys_k")
+RECOMPUTE_COLUMNS = CACHE_COLUMNS + ("prefill_tokens", "prefill_sq_m")
+
+
+def features(decode_tokens: float, decode_keys: float, prefill_tokens: float = 0.0, prefill_sq: float = 0.0,
+             recompute: bool | None = None) -> np.ndarray:
+    """One iteration's regressors (keys in thousands, squares in millions: similar magnitudes)."""
+    recompute = prefill_tokens > 0 if recompute is None else recompute
+    row = [1.0, decode_tokens, decode_keys / 1e3]
+    if recompute:
+        row += [prefill_tokens, prefill_sq / 1e6]
+    return np.asarray(row, dtype=np.float64)
+
+
+def report_features(r: LoadReport) -> np.ndarray:
+    decode_tokens = r.iteration_tokens - r.prefill_tokens
+    return features(decode_tokens, r.decode_keys, r.prefill_tokens, r.prefill_sq)
+
+
+def fit(x: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> np.ndarray:
+    """Least squares with a small ridge (a profile may not vary every column); negatives clipped."""
+    k = x.shape[1]
+    a = np.vstack([x, np.sqrt(ridge) * np.eye(k)])
+    b = np.concatenate([y, np.zeros(k)])
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return np.maximum(coef, 0.0)
+
+
+@dataclass(slots=True)
+class _Kind:
+    columns: tuple[str, ...]
+    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
+    coef: np.ndarray | None = None
+    since_fit: int = 0
+
+
+class StepTimeModel:
+    def __init__(self, max_samples: int = 512, refit_every: int = 16):
+        self.kinds = {False: _Kind(CACHE_COLUMNS), True: _Kind(RECOMPUTE_COLUMNS)}
+        for k in self.kinds.values():
+            k.samples = collections.deque(maxlen=max_samples)
+        self.refit_every = refit_every
+        self.abs_rel_error = collections.deque(maxlen=256)   # |predicted - measured| / measured, before learning it
+
+    def add(self, x: np.ndarray, seconds: float) -> None:
+        if not seconds > 0:
+            return
+        kind = self.kinds[len(x) == len(RECOMPUTE_COLUMNS)]
+        if kind.coef is not None:
+            self.abs_rel_error.append(abs(float(x @ kind.coef) - seconds) / seconds)
+        kind.samples.append((x, seconds))
+        kind.since_fit += 1
+        if kind.coef is None or kind.since_fit >= self.refit_every:
+            self._refit(kind)
+
+    def add_report(self, r: LoadReport) -> None:
+        self.add(report_features(r), r.iteration_s)
+
+    def _refit(self, kind: _Kind) -> None:
+        kind.since_fit = 0
+        if len(kind.samples) >= 2:
+            x = np.stack([s[0] for s in kind.samples])
+            y = np.asarray([s[1] for s in kind.samples])
+            kind.coef = fit(x, y)
+
+    @property
+    def ready(self) -> bool:
+        return self.kinds[False].coef is not None
+
+    def predict(self, x: np.ndarray) -> float:
+        kind = self.kinds[len(x) == len(RECOMPUTE_COLUMNS)]
+        coef = kind.coef
+        if coef is None:                          # no recompute samples yet: the cache part alone
+            coef = self.kinds[False].coef
+            x = x[: len(CACHE_COLUMNS)]
+        return float(x @ coef) if coef is not None else 0.0
+
+    def mean_abs_rel_error(self) -> float | None:
+        return float(np.mean(self.abs_rel_error)) if self.abs_rel_error else None

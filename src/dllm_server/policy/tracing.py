@@ -1,0 +1,91 @@
+"""Trace mode: per-step decoding records (JSONL) from which scripts/train_step_predictor.py learns
+remaining forwards. It wraps the server's decode policy (decisions unchanged) and writes:
+- at admission, {"kind": "admit", "rid", "tau", "x"}: the predictor's features before any step;
+- per step, {"kind": "step", "rid", "block", "step", "tau", "x"}: features after that step;
+- at the end, {"kind": "end", "rid", "finish", "forwards", "steps_per_block", "thresholds"}.
+`x` is progress.feature_row at the block's own threshold, so training and serving share one
+feature definition. Writes are buffered; a file per server start."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ..decoding.params import BlockPolicy
+from ..engine.request_state import GenerationOutput, RequestState
+from ..messages import BlockDone, LoadReport, StepDelta
+from .progress import Progress, feature_row
+
+
+class TracingPolicy:
+    observes = True
+
+    def __init__(self, inner, trace_dir: str, candidates: tuple[float, ...]):
+        self.inner = inner
+        self.candidates = candidates
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        self.path = Path(trace_dir) / f"trace-{int(time.time())}-{os.getpid()}.jsonl"
+        self.file = open(self.path, "a", buffering=1 << 16)
+        self.progress: dict[str, Progress] = {}
+        self.taus: dict[str, dict[int, float]] = {}
+
+    def _write(self, row: dict) -> None:
+        self.file.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
+        pol = self.inner.block_policy(state, block_index)
+        rid = state.request_id
+        if rid not in self.progress:
+            p = self.progress[rid] = Progress.start(state)
+            self._write({"kind": "admit", "rid": rid, "tau": pol.threshold,
+                         "x": feature_row(p, pol.threshold, self.candidates)})
+        self.taus.setdefault(rid, {})[block_index] = pol.threshold
+        return pol
+
+    def revise(self, leases, now: float) -> dict[str, BlockPolicy]:
+        changes = self.inner.revise(leases, now) if getattr(self.inner, "observes", False) else {}
+        for rid, pol in changes.items():
+            st = leases[rid][0]
+            self.taus.setdefault(rid, {})[st.block_index + 1] = pol.threshold
+        return changes
+
+    def seed(self, worker_id: int, profile) -> None:
+        if getattr(self.inner, "observes", False):
+            self.inner.seed(worker_id, profile)
+
+    def on_report(self, worker_id: int, report: LoadReport, now: float) -> None:
+        if getattr(self.inner, "observes", False):
+            self.inner.on_report(worker_id, report, now)
+
+    def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None:
+        rid = state.request_id
+        p = self.progress.get(rid) or self.progress.setdefault(rid, Progress.start(state))
+        p.observe(delta, state)
+        tau = self.taus.get(rid, {}).get(delta.block_index, 0.0)
+        self._write({"kind": "step", "rid": rid, "block": delta.block_index, "step": delta.step, "tau": tau,
+                     "x": feature_row(p, tau, self.candidates)})
+        if getattr(self.inner, "observes", False):
+            self.inner.on_step(state, delta, worker_id, now)
+
+    def on_block_done(self, state: RequestState, msg: BlockDone) -> None:
+        p = self.progress.get(state.request_id)
+        if p is not None:
+            p.end_block(msg.num_steps)
+        if getattr(self.inner, "observes", False):
+            self.inner.on_block_done(state, msg)
+
+    def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None:
+        rid = state.request_id
+        s = output.stats
+        self._write({"kind": "end", "rid": rid, "finish": output.finish_reason, "forwards": s.num_forwards,
+                     "steps_per_block": s.steps_per_block, "thresholds": [b.threshold for b in s.block_policies],
+                     "tokens": len(output.token_ids)})
+        self.file.flush()
+        self.progress.pop(rid, None)
+        self.taus.pop(rid, None)
+        if getattr(self.inner, "observes", False):
+            self.inner.on_finish(state, output, now)
+
+    def summary(self) -> dict | None:
+        return self.inner.summary() if hasattr(self.inner, "summary") else None

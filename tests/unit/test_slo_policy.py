@@ -1,0 +1,91 @@
+"""The SLO policy's pure parts: threshold selection, load control, the step-time model, the tree
+predictor's export, the request progress features."""
+import numpy as np
+import pytest
+
+from dllm_server.policy.load_control import LoadController, capacity_rate, demand_rate
+from dllm_server.policy.predictor import SimpleEstimator, TreeEnsemble, export_hist_gbm
+from dllm_server.policy.progress import FEATURES, feature_row
+from dllm_server.policy.step_time import StepTimeModel, features, fit
+from dllm_server.policy.thresholds import allowed, choose_threshold, remaining_seconds
+
+CANDS = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)
+
+
+# ---- threshold selection ----
+def test_highest_threshold_that_fits_the_budget():
+    secs = {0.95: 3.0, 0.9: 2.5, 0.8: 2.0, 0.7: 1.5, 0.6: 1.2, 0.5: 1.0}
+    assert choose_threshold(CANDS, secs, 2.2, cap=0.95, floor=0.5) == 0.8
+    assert choose_threshold(CANDS, secs, 10.0, cap=0.95, floor=0.5) == 0.95
+    assert choose_threshold(CANDS, secs, 0.5, cap=0.95, floor=0.5) == 0.5          # none fits: the lowest allowed
+    assert choose_threshold(CANDS, secs, 0.5, cap=0.95, floor=0.7) == 0.7          # never below the floor
+    assert choose_threshold(CANDS, secs, 10.0, cap=0.8, floor=0.5) == 0.8          # never above the cap
+    assert choose_threshold(CANDS, secs, None, cap=0.9, floor=0.5) == 0.9          # no SLO: the highest allowed
+    assert allowed(CANDS, cap=0.4, floor=0.5) == (0.5,)                            # a cap below the floor
+    assert remaining_seconds(3, 10, 2, 0.01, 0.05) == pytest.approx(0.23)
+
+
+# ---- load control ----
+def test_demand_and_capacity():
+    work = np.array([[10.0, 6.0], [20.0, 12.0]])
+    assert demand_rate(work, np.array([2.0, 0.1]), 1.0).tolist() == [25.0, 15.0]   # budgets below 1 s count as 1 s
+    # iteration time 10 ms + 1 ms per request: the best batch gives 64 / 74 ms
+    assert capacity_rate(lambda n: 0.010 + 0.001 * n, 64) == pytest.approx(64 / 0.074)
+
+
+def test_load_control_lowers_at_once_raises_slowly_and_settles():
+    c = LoadController(CANDS)
+    capacity = 100.0
+    demand = np.array([200.0, 160.0, 120.0, 85.0, 70.0, 60.0])      # fits (<= 90) from 0.7 down
+    assert c.update(demand, capacity) == 0.7
+    for _ in range(50):                                             # a steady load: no oscillation
+        assert c.update(demand, capacity) == 0.7
+    demand = demand / 3                                             # load falls: one step per update
+    caps = [c.update(demand, capacity) for _ in range(5)]
+    assert caps == [0.8, 0.9, 0.95, 0.95, 0.95]
+    assert c.update(np.full(6, 1000.0), capacity) == 0.5            # overload: the floor, never below
+    borderline = np.array([95.0, 88.0, 80.0, 70.0, 60.0, 50.0])     # 0.9 fits, 0.95 would not
+    c = LoadController(CANDS, cap_index=1)
+    assert [c.update(borderline, capacity) for _ in range(10)] == [0.9] * 10
+
+
+# ---- step-time model ----
+def test_step_time_model_recovers_a_synthetic_cost_and_reports_its_error():
+    rng = np.random.default_rng(0)
+    m = StepTimeModel(refit_every=8)
+    true = lambda d, k, p, q: 0.002 + 2e-5 * d + 1e-6 * k + 4e-5 * p + 3e-11 * q      # noqa: E731
+    for _ in range(300):
+        d, k = rng.integers(1, 64) * 32, rng.integers(1, 64) * 300
+        p = rng.choice([0, 0, 256, 1024])
+        q = p * p
+        m.add(features(d, k, p, q), true(d, k, p, q) * rng.uniform(0.97, 1.03))
+    for d, k, p in ((32, 300, 0), (2048, 19200, 0), (512, 4000, 1024)):
+        assert m.predict(features(d, k, p, p * p)) == pytest.approx(true(d, k, p, p * p), rel=0.05)
+    assert m.mean_abs_rel_error() < 0.05
+    coef = fit(np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]), np.array([3.0, 2.0, 1.0]))
+    assert (coef >= 0).all()                       # more work never predicts less time
+
+
+# ---- the predictor ----
+def test_exported_trees_predict_like_sklearn():
+    sklearn = pytest.importorskip("sklearn.ensemble")
+    rng = np.random.default_rng(1)
+    x = rng.random((600, 5))
+    x[rng.random((600, 5)) < 0.05] = np.nan                           # missing values take their branch
+    y = 3 * np.nan_to_num(x[:, 0]) + np.sin(5 * np.nan_to_num(x[:, 1])) + (x[:, 2] > 0.5)
+    model = sklearn.HistGradientBoostingRegressor(max_iter=40, max_depth=5).fit(x, y)
+    ours = TreeEnsemble.from_dict(export_hist_gbm(model))
+    np.testing.assert_allclose(ours.predict(x), model.predict(x), rtol=1e-9, atol=1e-9)
+
+
+def test_simple_estimator_is_pessimistic_until_it_sees_a_stop():
+    from dllm_server.policy.progress import Progress
+    p = Progress(prompt_len=10, max_tokens=128, block_length=32, num_blocks=4, stop_ids=frozenset({1}),
+                 block_index=1, step=3, masked_in_block=16, committed_last=4, answer_masked=100, forwards=12,
+                 finished_blocks=[8], summary=(0.8, 0.3, 0.99, 0.6, 0.8, 0.9, 9, 8, 6, 4, 3, 2))
+    x = np.asarray([feature_row(p, 0.9, CANDS)])
+    assert len(x[0]) == len(FEATURES) and x[0][FEATURES.index("clear_tau")] == 8
+    out = SimpleEstimator().predict(x)
+    assert out["block_rem"][0] == 4 and out["fut_blocks"][0] == 2 and out["fut_forwards"][0] == 16
+    p.eos_seen = True
+    assert SimpleEstimator().predict(np.asarray([feature_row(p, 0.9, CANDS)]))["fut_blocks"][0] == 0
