@@ -69,6 +69,9 @@ class ServerConfig:
                           "after_prefill (picked and sent once the prefill step is done)",
                           choices=("layerwise", "after_prefill"))
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
+    routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
+                      "(load) or with the earliest predicted completion from its step-time model (completion)",
+                      choices=("load", "completion"))
     threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers")
     # --- server ---
     host: str = _f("127.0.0.1", "bind address")
@@ -153,7 +156,8 @@ class ServerConfig:
         summarise = self.threshold_policy == "slo" or self.trace_dir is not None
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
-                            self.fail_every_n_forwards, self.candidate_thresholds if summarise else None)
+                            self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
+                            self.threshold_policy == "slo" or self.routing == "completion")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,7 @@ class WorkerConfig:
     causal: bool = False
     fail_every_n_forwards: int = 0
     step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
+    profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

@@ -12,6 +12,7 @@ from dllm_server.policy.base import FixedPolicy
 from dllm_server.engine.request_state import RequestState
 from dllm_server.engine.requests import STREAM_NONE, STREAM_TEXT, Entry, RequestTable
 from dllm_server.engine.scheduler import Scheduler
+from dllm_server.engine.stats import snapshot
 from dllm_server.engine.workers import WorkerTable
 from dllm_server.messages import (Abort, BlockDone, ContinueBlock, HandoffDone, HandoffKV, InstallKV, KVSent,
                                   LoadReport, ModelInfo, PrefillDone, ReceiveKV, SetPolicy, StepDelta, SubmitBlock,
@@ -97,7 +98,7 @@ def test_single_worker_leases_every_next_block_and_finishes():
     out = e.events.get_nowait().output
     assert out.token_ids == [65] * 8 + [66] * 8 + [67] * 8 and out.finish_reason == "length"
     assert out.stats.steps_per_block == [1, 1, 1] and out.stats.block_policies == [P, P, P]
-    st = s.stats()
+    st = snapshot(s, {})
     assert st.num_requests == 0 and st.counters.blocks_continued == 2 and st.workers[0].outstanding_prefill_tokens == 0
     assert len(of(sent, SubmitBlock)) == 1                    # no canvas crossed again
 
@@ -133,7 +134,7 @@ def test_abort_and_worker_loss_end_requests_without_hanging():
     assert (0, Abort("a")) in sent and a.events.get_nowait().output.finish_reason == "abort"
     s.on_worker_lost([1], "worker 1 died")
     out = b.events.get_nowait().output
-    assert out.finish_reason == "error" and out.error == "worker 1 died" and s.stats().num_requests == 0
+    assert out.finish_reason == "error" and out.error == "worker 1 died" and snapshot(s, {}).num_requests == 0
 
 
 def test_set_policy_reaches_the_workers_and_the_router():
@@ -141,11 +142,11 @@ def test_set_policy_reaches_the_workers_and_the_router():
     s.set_policy(token_budget=256, max_active_decodes=4, overflow_threshold_tokens=99)
     pols = [(w, m.policy) for w, m in of(sent, SetPolicy)]
     assert [w for w, _ in pols] == [0, 1] and all(p.token_budget == 256 and p.max_active_decodes == 4 for _, p in pols)
-    assert s.theta == 99 and s.stats().workers[1].policy.token_budget == 256
+    assert s.theta == 99 and snapshot(s, {}).workers[1].policy.token_budget == 256
     sent.clear()
     with pytest.raises(ValueError, match="max_active_decodes"):
         s.set_policy(worker_id=1, max_active_decodes=0)
-    assert sent == [] and s.stats().workers[1].policy.max_active_decodes == 4
+    assert sent == [] and snapshot(s, {}).workers[1].policy.max_active_decodes == 4
     s.set_policy(worker_id=1, token_budget=None)
     assert [(w, m.policy.token_budget) for w, m in of(sent, SetPolicy)] == [(1, None)]
 
@@ -168,10 +169,10 @@ def test_layerwise_handoff_moves_the_block_and_times_the_stall():
     assert s.workers[1].reserved_pages == 0
     clock.t += 0.25
     s.on_messages(1, [delta("r", 0, 1, [5], [67], 13)])       # the first decode step on the decode worker
-    c = s.stats().counters
+    c = snapshot(s, {}).counters
     assert c.kv_handoffs == 1 and c.kv_handoff_stall_seconds == pytest.approx(0.25)
     s.on_messages(0, [HandoffDone("r", 0, 0, True, True, 100, 0.01)])
-    assert s.stats().counters.kv_transfer_bytes == 100
+    assert snapshot(s, {}).counters.kv_transfer_bytes == 100
 
 
 def test_refused_handoff_falls_back_to_a_local_re_prefill():
@@ -183,7 +184,7 @@ def test_refused_handoff_falls_back_to_a_local_re_prefill():
     s.on_messages(0, [delta("r", 0, 0, [3], [65], 15), PrefillDone("r", 0, 1)])
     [(w, sub)] = of(sent, SubmitBlock)
     assert not sub.handoff and sub.stream_to is None and sub.step_offset == 1
-    assert s.stats().counters.kv_transfers_failed == 1 and s.workers[1].reserved_pages == 0
+    assert snapshot(s, {}).counters.kv_transfers_failed == 1 and s.workers[1].reserved_pages == 0
 
 
 def test_held_block_is_sent_once_a_decode_worker_has_room():
@@ -191,9 +192,9 @@ def test_held_block_is_sent_once_a_decode_worker_has_room():
     s.on_messages(1, [LoadReport(1, 0, 0, 1, 0, 0, 1)])               # the decode worker: 1 free page
     s.add(request("r", max_tokens=16))                                 # needs 2 pages
     s.on_messages(0, [delta("r", 0, 0, [3], [65], 15), PrefillDone("r", 0, 1)])
-    assert s.stats().num_held == 1 and not of(sent, HandoffKV)
+    assert snapshot(s, {}).num_held == 1 and not of(sent, HandoffKV)
     s.on_messages(1, [LoadReport(1, 0, 0, 10, 0, 0, 2)])
-    assert of(sent, HandoffKV) == [(0, HandoffKV("r", 1))] and s.stats().num_held == 0
+    assert of(sent, HandoffKV) == [(0, HandoffKV("r", 1))] and snapshot(s, {}).num_held == 0
 
 
 def test_handoff_part_alone_install_then_receiver_verdict_in_either_order():
@@ -226,3 +227,20 @@ def test_text_stream_events_only_when_visible_text_grows():
     assert e.events.empty()
     s.on_messages(0, [delta("t", 0, 1, [3, 4], [72, 105], 5)])         # "Hi" then "B"
     assert e.events.get_nowait().text == "HiB" and e.events.empty()
+
+
+def test_routing_by_predicted_completion_prefers_the_sooner_worker():
+    from dllm_server.engine.placement import WorkerLoad, keeps_request, pick_by_completion
+    loads = [WorkerLoad(0, "colocated", 0, 64, 64, True), WorkerLoad(1, "colocated", 500, 64, 64, True),
+             WorkerLoad(2, "colocated", 0, 2, 2, True)]
+    assert pick_by_completion(loads, {0: 0.5, 1: 0.2, 2: 0.1}, pages_needed=4) == 1   # 2 cannot hold the canvas
+    assert keeps_request(loads, "colocated", 0, 4, {0: 0.2, 1: 0.2}) is True         # ties stay put
+    assert keeps_request(loads, "colocated", 0, 4, {0: 0.3, 1: 0.2}) is False
+    # through the scheduler: worker 1's profile says it is twice as fast, so both go there while idle
+    s, sent, _ = make(["colocated", "colocated"], routing="completion")
+    fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
+    s.load.seed(0, [(d, k, p, q, 2 * t) for d, k, p, q, t in fast])
+    s.load.seed(1, fast)
+    s.add(request("a"))
+    s.add(request("b", seq=1))
+    assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]

@@ -35,6 +35,12 @@ class EngineCollector:
                                     "the decode worker, summed over handoffs", labels=labels)
         continued = CounterMetricFamily("dllm:blocks_continued", "next blocks queued on the worker that held the "
                                         "request (no trip through the router)", labels=labels)
+        cap = GaugeMetricFamily("dllm:threshold_cap", "the slo policy's load-control cap on every threshold",
+                                labels=labels)
+        pred_err = GaugeMetricFamily("dllm:predictor_mae_forwards", "the step predictor's mean absolute error of "
+                                     "remaining forwards, over recent finished requests", labels=labels + ["when"])
+        step_err = GaugeMetricFamily("dllm:step_time_rel_error", "the step-time model's mean relative error on "
+                                     "recent iterations", labels=labels)
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
@@ -59,8 +65,16 @@ class EngineCollector:
             continued.add_metric(m, c.blocks_continued)
             canvas.add_metric(m, c.canvas_positions)
             canvas_v.add_metric(m, c.canvas_positions)
+            p = s.policy
+            if p is not None:
+                cap.add_metric(m, p["cap"])
+                for when, v in p["mae_forwards"].items():
+                    if v is not None:
+                        pred_err.add_metric(m + [when], v)
+                if p["step_time_rel_error"] is not None:
+                    step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, xfer_b, xfer_s, handoffs, stall,
-                    continued, canvas, canvas_v)
+                    continued, cap, pred_err, step_err, canvas, canvas_v)
 
 
 class Metrics:
@@ -78,6 +92,10 @@ class Metrics:
                              registry=r, buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32))
         self.steps_per_block = Histogram("dllm:steps_per_block", "forwards per block", m, registry=r,
                                          buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
+        self.slo_met = Counter("dllm:slo_met", "finished requests with an SLO that met it", m, registry=r)
+        self.slo_missed = Counter("dllm:slo_missed", "finished requests with an SLO that missed it", m, registry=r)
+        self.block_threshold = Histogram("dllm:block_threshold", "the confidence threshold each block ran with", m,
+                                         registry=r, buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0))
         self.prompt_tokens = Counter("dllm:prompt_tokens", "prompt tokens", m, registry=r)
         self.generation_tokens = Counter("dllm:generation_tokens", "output tokens", m, registry=r)
         self.success = Counter("dllm:request_success", "finished requests", m + ["finished_reason"], registry=r)
@@ -88,8 +106,13 @@ class Metrics:
         r.register(EngineCollector(engine, model_name))
 
     def observe_finished(self, output, arrived_at: float, first_step_at: float | None,
-                         first_text_at: float | None, finished_at: float) -> None:
+                         first_text_at: float | None, finished_at: float, slo_ms: float | None = None) -> None:
         m = self.model
+        if slo_ms is not None and output.finish_reason in ("stop", "length"):
+            met = 1e3 * (finished_at - arrived_at) <= slo_ms
+            (self.slo_met if met else self.slo_missed).labels(m).inc()
+        for p in output.stats.block_policies:
+            self.block_threshold.labels(m).observe(p.threshold)
         self.e2e.labels(m).observe(finished_at - arrived_at)
         if first_step_at is not None:
             self.queue.labels(m).observe(first_step_at - arrived_at)

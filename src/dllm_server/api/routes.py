@@ -105,9 +105,10 @@ class Routes:
                         "slo_met": 1e3 * s.latency_s <= slo_ms})
         return out
 
-    def _observe(self, handle: RequestHandle, output) -> None:
+    def _observe(self, handle: RequestHandle, output, req: DiffusionFields) -> None:
+        slo_ms = req.slo_ms if req.slo_ms is not None else self.engine.config.default_slo_ms
         self.metrics.observe_finished(output, handle.arrived_at, handle.first_step_at, handle.first_token_at,
-                                      time.monotonic())
+                                      time.monotonic(), slo_ms)
 
     # ---- generation endpoints ----
     async def chat_completions(self, request: Request) -> Response:
@@ -132,7 +133,7 @@ class Routes:
                                        self.engine.config.keep_alive_s)
             return StreamingResponse(body, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        outputs = await _until_disconnect(request, self._collect(entries))
+        outputs = await _until_disconnect(request, self._collect(entries, req))
         if outputs is None:            # the client went away: its requests are aborted
             return Response(status_code=499)
         for o in outputs:
@@ -154,11 +155,11 @@ class Routes:
                              "created": created, "model": self.model_name, "choices": choices,
                              "usage": self._usage(outputs)})
 
-    async def _collect(self, entries: list[RequestHandle]):
+    async def _collect(self, entries: list[RequestHandle], req: DiffusionFields):
         async def one(entry):
             async for ev in self.engine.generate(entry):
                 if ev.output is not None:
-                    self._observe(entry, ev.output)
+                    self._observe(entry, ev.output, req)
                     return ev.output
         return await asyncio.gather(*[one(e) for e in entries])
 
@@ -184,7 +185,7 @@ class Routes:
             async for i, ev in _merge([self.engine.generate(e) for e in entries]):
                 if ev.output is not None:
                     out = outputs[i] = ev.output
-                    self._observe(entries[i], out)
+                    self._observe(entries[i], out, req)
                     if out.finish_reason == "error":
                         yield sse.frame({"error": {"message": f"generation failed: {out.error}",
                                                    "type": "InternalServerError", "param": None, "code": 500}})

@@ -22,10 +22,11 @@ from .inputs import check_request, prompt_ids
 from .placement import worker_roles
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
+from ..policy.load_model import WorkerLoadModel
 from .request_state import GenerationOutput, RequestState
 from .requests import STREAM_NONE, Entry, RequestHandle, StreamEvent
 from .scheduler import Scheduler
-from .stats import EngineStats
+from .stats import EngineStats, snapshot
 from .tokenize import Tokenizer, stop_token_ids
 from .worker_pool import WorkerPool
 
@@ -46,7 +47,8 @@ class AsyncEngine:
         self.path = model_path(config.model)
         read_config(self.path)            # a clear error now, not a worker traceback later
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
-        self.policy = policy or make_policy(config, self.path)
+        self.load = WorkerLoadModel(config.block_length)       # step-time models, shared by policy and router
+        self.policy = policy or make_policy(config, self.path, self.load)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.devices = worker_devices(config.device, config.placement, len(self.roles))   # fails here, clearly
         self.scheduler: Scheduler | None = None
@@ -62,7 +64,7 @@ class AsyncEngine:
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy)
+        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
                                loop, self.scheduler.on_messages, self._on_death)
         self.pool.start_all()
@@ -114,7 +116,7 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         pids = {wid: self.pool.pid(wid) for wid in range(len(self.roles))} if self.pool else {}
-        return self.scheduler.stats(pids)
+        return snapshot(self.scheduler, pids)
 
     def iteration_trace(self) -> list[tuple[float, LoadReport]]:
         """Every worker iteration reported since start (bounded), with its arrival time."""

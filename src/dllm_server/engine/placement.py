@@ -54,7 +54,15 @@ def worker_roles(placement: str, num_workers: int, num_prefill_workers: int) -> 
     return ["prefill"] * num_prefill_workers + ["decode"] * num_workers
 
 
-def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int) -> bool:
+def pick_by_completion(loads: list[WorkerLoad], completion_s: dict[int, float], pages_needed: int) -> int | None:
+    """DiLaServe's instance selection: the available worker whose predicted completion time for the
+    block is earliest (ties: lowest id), among those whose pool could hold the canvas."""
+    fit = [w for w in loads if w.available and w.num_pages >= pages_needed and w.worker_id in completion_s]
+    return min(fit, key=lambda w: (completion_s[w.worker_id], w.worker_id)).worker_id if fit else None
+
+
+def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int,
+                  completion_s: dict[int, float] | None = None) -> bool:
     """Would the router run this request's next block where its current one runs? Colocated
     placement only (elsewhere every block goes back through a prefill worker): yes when no other
     worker that could hold the canvas has fewer outstanding prefill tokens (ties stay put: the
@@ -64,4 +72,8 @@ def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_n
         return False
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
     here = next((w for w in fit if w.worker_id == current), None)
-    return here is not None and all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)
+    if here is None:
+        return False
+    if completion_s is not None:          # routing by predicted completion: stay unless another is sooner
+        return all(completion_s[current] <= completion_s.get(w.worker_id, float("inf")) for w in fit)
+    return all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)

@@ -19,11 +19,12 @@ from ..messages import (Abort, BlockDone, ContinueBlock, HandoffDone, InstallKV,
                         StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from .output import advance, canvas_text
-from .placement import WorkerLoad, keeps_request, pick_prefill_worker
+from .placement import WorkerLoad, keeps_request, pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
+from ..policy.load_model import WorkerLoadModel
 from .request_state import GenerationOutput
 from .requests import STREAM_PROGRESS, STREAM_TEXT, Entry, RequestTable, StreamEvent
-from .stats import Counters, EngineStats, snapshot
+from .stats import Counters
 from .workers import WorkerTable
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class _Retry:
 
 class Scheduler:
     def __init__(self, config, roles: list[str], tokenizer, send: Callable[[int, object], None],
-                 policy: DecodePolicy, clock: Callable[[], float] = time.monotonic):
+                 policy: DecodePolicy, clock: Callable[[], float] = time.monotonic,
+                 load: WorkerLoadModel | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.send = send
@@ -47,6 +49,7 @@ class Scheduler:
         self.clock = clock
         self.theta = config.overflow_threshold_tokens
         self.workers = WorkerTable(roles, config.page_size, config.worker_policy())
+        self.load = load if load is not None else WorkerLoadModel(config.block_length)   # step-time models
         self.requests = RequestTable()
         self.counters = Counters()
         self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
@@ -80,7 +83,9 @@ class Scheduler:
             loads = [dataclasses.replace(w, role="colocated") for w in loads]
             wid = pick_prefill_worker(loads, "colocated", pages, 0)
         else:
-            wid = pick_prefill_worker(loads, self.config.placement, pages, self.theta)
+            est = self._completion(entry)
+            wid = pick_by_completion(loads, est, pages) if est else \
+                pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:
             self.requests.pending.append(_Retry(st.request_id, policy, any_role, step_offset))
             return
@@ -104,8 +109,15 @@ class Scheduler:
         if st.block_index + 1 >= st.num_blocks:
             return None
         loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
-        keep = keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len))
+        keep = keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
+                             self._completion(entry))
         return self._block_policy(entry, st.block_index + 1) if keep else None
+
+    def _completion(self, entry: Entry) -> dict[int, float] | None:
+        """Predicted completion of the request's next block per worker (routing = completion)."""
+        if self.config.routing == "completion" and self.config.placement == "colocated":
+            return self.load.completion_estimates(range(len(self.workers)), entry.state)
+        return None
 
     def _charge(self, entry: Entry, wid: int, tokens: int) -> None:
         entry.charged = (wid, tokens)
@@ -140,16 +152,14 @@ class Scheduler:
                 if self.workers.on_report(wid, msg):
                     self.trace.append((self.clock(), msg))
                     self.counters.canvas_positions += msg.iteration_tokens
-                if observes:
-                    self.policy.on_report(wid, msg, self.clock())
+                self.load.observe(wid, msg)
             elif isinstance(msg, KVSent):
                 self._run(self.handoffs.on_kv_sent(msg))
             elif isinstance(msg, HandoffDone):
                 self._run(self.handoffs.on_handoff_done(msg))
             elif isinstance(msg, WorkerReady):
                 self.workers.on_ready(msg)
-                if observes:
-                    self.policy.seed(wid, msg.profile)
+                self.load.seed(wid, msg.profile)
                 if self.workers.all_ready:
                     self.ready_event.set()
             elif isinstance(msg, WorkerFailed):
@@ -277,7 +287,3 @@ class Scheduler:
                 if dst in lost:
                     self.handoffs.forget(rid)
                 self._finish(entry, entry.state.finish(finish_reason="error", error=reason), abort_worker=True)
-
-    # ---- observability ----
-    def stats(self, pids: dict[int, int | None] | None = None) -> EngineStats:
-        return snapshot(self, pids or {})

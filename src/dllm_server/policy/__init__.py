@@ -11,13 +11,14 @@
 from ..config import ServerConfig
 
 
-def make_policy(config: ServerConfig, model_folder):
-    """The decode policy a server runs, from its config (and trace mode around it)."""
+def make_policy(config: ServerConfig, model_folder, load=None):
+    """The decode policy a server runs, from its config (and trace mode around it); `load`: the
+    scheduler's WorkerLoadModel, shared with the SLO policy."""
     from .base import FixedPolicy
     if config.threshold_policy == "slo":
         from .predictor import load_predictor
         from .slo import SLOPolicy
-        policy = SLOPolicy(config, load_predictor(config.step_predictor, model_folder))
+        policy = SLOPolicy(config, load_predictor(config.step_predictor, model_folder), load)
     else:
         policy = FixedPolicy(config.threshold)
     if config.trace_dir is not None:

@@ -2,8 +2,8 @@
 remaining latency fits what is left of the request's SLO, under a cluster-wide cap from load
 control. A request that names its own rule (threshold, factor or steps) keeps it.
 
-Fed by the scheduler (it `observes`): the workers' iteration reports train one step-time model
-per worker (seeded by each worker's start-up profile); every step updates the request's Progress.
+Fed by the scheduler (it `observes`): every step updates the request's Progress; the scheduler's
+WorkerLoadModel (step-time models from the workers' profiles and iteration reports) is shared.
 Decisions: `block_policy` when a block is dispatched; `revise`, once per scheduling tick, re-decides
 the policy of every leased next block whose request progressed, in one batched prediction, and
 updates the load-control cap (at most every CONTROL_INTERVAL_S).
@@ -18,11 +18,11 @@ import numpy as np
 
 from ..decoding.params import BlockPolicy
 from ..engine.request_state import GenerationOutput, RequestState
-from ..messages import BlockDone, LoadReport, StepDelta
+from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
-from .load_control import LoadController, capacity_rate, demand_rate
+from .load_control import LoadController, demand_rate
+from .load_model import WorkerLoadModel
 from .progress import Progress, feature_row
-from .step_time import StepTimeModel, features, report_features
 from .thresholds import allowed, choose_threshold, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
@@ -33,7 +33,8 @@ DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request h
 class SLOPolicy(StaticPolicy):
     observes = True
 
-    def __init__(self, config, predictor, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config, predictor, load: WorkerLoadModel | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.all_candidates = config.candidate_thresholds          # what the workers count against
         self.candidates = tuple(c for c in self.all_candidates if c >= config.quality_floor)
         self.floor = config.quality_floor
@@ -41,8 +42,7 @@ class SLOPolicy(StaticPolicy):
         self.default_slo_s = None if config.default_slo_ms is None else config.default_slo_ms / 1e3
         self.predictor = predictor
         self.clock = clock
-        self.models: dict[int, StepTimeModel] = collections.defaultdict(StepTimeModel)
-        self.reports: dict[int, LoadReport] = {}
+        self.load = load if load is not None else WorkerLoadModel(config.block_length)
         self.progress: dict[str, Progress] = {}
         self.states: dict[str, RequestState] = {}
         self.where: dict[str, int] = {}
@@ -60,16 +60,6 @@ class SLOPolicy(StaticPolicy):
         return self.controller.cap if self.controller is not None else self.candidates[0]
 
     # ---- observations ----
-    def seed(self, worker_id: int, profile) -> None:
-        for d, dk, p, psq, seconds in profile:
-            self.models[worker_id].add(features(d, dk, p, psq), seconds)
-
-    def on_report(self, worker_id: int, report: LoadReport, now: float) -> None:
-        prev = self.reports.get(worker_id)
-        self.reports[worker_id] = report
-        if report.forward_s > 0 and (prev is None or report.num_iterations > prev.num_iterations):
-            self.models[worker_id].add_report(report)
-
     def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None:
         rid = state.request_id
         p = self.progress.get(rid)
@@ -131,7 +121,7 @@ class SLOPolicy(StaticPolicy):
         out, n = [], len(self.candidates)
         for i, (st, k, p, starting) in enumerate(meta):
             w = self.where.get(st.request_id)
-            t_iter, t_wait = self._costs(w)
+            t_iter, t_wait = self.load.costs(w)
             sl = slice(i * n, (i + 1) * n)
             block_rem = pred["block_rem"][sl] if starting else np.full(n, cur["block_rem"][i])
             secs = {c: remaining_seconds(b, f, fb, t_iter, t_wait)
@@ -159,30 +149,11 @@ class SLOPolicy(StaticPolicy):
         slo = st.sampling.slo_ms / 1e3 if st.sampling.slo_ms is not None else self.default_slo_s
         return None if slo is None else slo - (now - st.arrived_at)
 
-    def _costs(self, worker: int | None) -> tuple[float, float]:
-        """(seconds per iteration at the worker's current load, seconds a re-prefill waits)."""
-        ids = [worker] if worker in self.reports else list(self.reports) or list(self.models)
-        best = None
-        for w in ids:
-            m, r = self.models[w], self.reports.get(w)
-            if r is None:
-                t = m.predict(features(self.block_length, 256))
-                wait = 0.0
-            else:
-                t = m.predict(report_features(r)) or r.iteration_s
-                pol = r.policy
-                allowance = None if pol is None or pol.token_budget is None else max(
-                    pol.token_budget - (r.iteration_tokens - r.prefill_tokens), pol.token_budget * pol.credit_share)
-                wait = 0.0 if allowance is None else t * r.outstanding_prefill_tokens / max(1.0, allowance)
-            if best is None or t + wait < best[0] + best[1]:
-                best = (t, wait)
-        return best if best is not None else (0.0, 0.0)
-
     def _control(self, now: float) -> None:
         """Lower / raise the cap from the worst-case demand against the workers' capacity."""
         self._controlled_at = now
         live = list(self.states)
-        if not live or not self.models:
+        if not live:
             return
         rows = [feature_row(self.progress[rid], c, self.all_candidates) for rid in live for c in self.candidates]
         pred = self.predictor.predict(np.asarray(rows))
@@ -190,24 +161,14 @@ class SLOPolicy(StaticPolicy):
         budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
                               for rid in live])
         demand = demand_rate(work, budgets, 1.0)
-        capacity = 0.0
-        for w, m in self.models.items():
-            if not m.ready:
-                continue
-            r = self.reports.get(w)
-            seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
-            keys = (r.decode_keys / max(1, r.num_active_decodes)) if r is not None and r.num_active_decodes else 256
-            capacity += capacity_rate(lambda n, m=m, k=keys: m.predict(features(n * self.block_length, n * k)), seats)
-        self.controller.update(demand, capacity)
+        self.controller.update(demand, self.load.capacity())
 
     # ---- observability ----
     def summary(self) -> dict:
         errs = {k: np.asarray(v, dtype=float) for k, v in self.errors.items()}
-        models = [m.mean_abs_rel_error() for m in self.models.values()]
         return {"cap": self.cap, "predictor": self.predictor.name,
                 "mae_forwards": {k: float(np.abs(e).mean()) if e.size else None for k, e in errs.items()},
-                "step_time_rel_error": float(np.mean([e for e in models if e is not None])) if any(
-                    e is not None for e in models) else None,
+                "step_time_rel_error": self.load.step_time_error(),
                 "predict_ms_mean": 1e3 * float(np.mean(self.predict_s)) if self.predict_s else None,
                 "predict_rows_mean": float(np.mean(self.predict_rows)) if self.predict_rows else None,
                 "allowed": allowed(self.candidates, self.cap, self.floor)}

@@ -36,6 +36,6 @@ def build_core(config: WorkerConfig, model_path: str, device: torch.device, work
 
 def startup_profile(core: WorkerCore, info: ModelInfo) -> tuple[tuple[float, ...], ...]:
     """Iteration timings for the front's step-time model (only policies that predict need it)."""
-    if core.config.step_candidates is None:
+    if not core.config.profile:
         return ()
     return profile_iterations(core, info.max_len, info.vocab_size)

@@ -1,0 +1,89 @@
+"""What the front process knows of each worker's speed: a step-time model per worker (seeded by
+its start-up profile, refined from its iteration reports) and its latest load report. Answers
+"how long is an iteration there now", "how long does a re-prefill wait there", "how many
+request-forwards per second can it run" and "when would a new block finish there", for the SLO
+policy, load control and routing by predicted completion."""
+from __future__ import annotations
+
+import collections
+
+from ..messages import LoadReport
+from .load_control import capacity_rate
+from .step_time import StepTimeModel, features, report_features
+
+
+class WorkerLoadModel:
+    def __init__(self, block_length: int):
+        self.block_length = block_length
+        self.models: dict[int, StepTimeModel] = collections.defaultdict(StepTimeModel)
+        self.reports: dict[int, LoadReport] = {}
+
+    def seed(self, worker_id: int, profile) -> None:
+        for d, dk, p, psq, seconds in profile:
+            self.models[worker_id].add(features(d, dk, p, psq), seconds)
+
+    def observe(self, worker_id: int, report: LoadReport) -> None:
+        prev = self.reports.get(worker_id)
+        self.reports[worker_id] = report
+        if report.forward_s > 0 and (prev is None or report.num_iterations > prev.num_iterations):
+            self.models[worker_id].add_report(report)
+
+    def iteration_s(self, w: int, extra_rows: int = 0, extra_keys: int = 0) -> float:
+        """An iteration's time at the worker's current load, with `extra_rows` more decodes."""
+        m, r = self.models[w], self.reports.get(w)
+        if r is None:
+            return m.predict(features(self.block_length * max(1, extra_rows), max(256, extra_keys)))
+        x = report_features(r)
+        x[1] += extra_rows * self.block_length
+        x[2] += extra_keys / 1e3
+        return m.predict(x) or r.iteration_s
+
+    def reprefill_wait_s(self, w: int) -> float:
+        """How long a re-prefill queued there now waits: the prefill tokens ahead of it over what the
+        token budget admits per iteration."""
+        r = self.reports.get(w)
+        if r is None or r.policy is None or r.policy.token_budget is None:
+            return 0.0
+        pol = r.policy
+        allowance = max(pol.token_budget - (r.iteration_tokens - r.prefill_tokens), pol.token_budget * pol.credit_share)
+        return self.iteration_s(w) * r.outstanding_prefill_tokens / max(1.0, allowance)
+
+    def costs(self, worker: int | None) -> tuple[float, float]:
+        """(seconds per iteration, seconds a re-prefill waits) on `worker`, or on the worker where a
+        request would fare best when it has none yet."""
+        ids = [worker] if worker in self.reports else (list(self.reports) or list(self.models))
+        best = None
+        for w in ids:
+            t, wait = self.iteration_s(w), self.reprefill_wait_s(w)
+            if best is None or t + wait < sum(best):
+                best = (t, wait)
+        return best if best is not None else (0.0, 0.0)
+
+    def completion_s(self, w: int, canvas_len: int, block_forwards: float) -> float:
+        """When a block routed there now would finish: its re-prefill's wait, then its forwards at the
+        worker's load with this request added."""
+        return self.reprefill_wait_s(w) + block_forwards * self.iteration_s(w, extra_rows=1, extra_keys=canvas_len)
+
+    def completion_estimates(self, workers, state) -> dict[int, float]:
+        """completion_s of a request's next block on each worker; its forwards guessed from its own
+        finished blocks (half a block before the first one ends)."""
+        done = state.stats.steps_per_block
+        forwards = sum(done) / len(done) if done else state.params.block_length / 2
+        canvas = state.prompt_len + state.answer_len
+        return {w: self.completion_s(w, canvas, forwards) for w in workers}
+
+    def capacity(self) -> float:
+        """Request-forwards per second all workers with a fitted model can run."""
+        total = 0.0
+        for w, m in self.models.items():
+            if not m.ready:
+                continue
+            r = self.reports.get(w)
+            seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
+            keys = r.decode_keys / r.num_active_decodes if r is not None and r.num_active_decodes else 256
+            total += capacity_rate(lambda n, m=m, k=keys: m.predict(features(n * self.block_length, n * k)), seats)
+        return total
+
+    def step_time_error(self) -> float | None:
+        errs = [e for m in self.models.values() if (e := m.mean_abs_rel_error()) is not None]
+        return sum(errs) / len(errs) if errs else None
