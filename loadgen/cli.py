@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace-speed", type=float, default=1.0, help="replay speed-up factor")
 
     g = p.add_argument_group("SLOs and capacity")
+    g.add_argument("--slo-ms", type=float, default=RUN.slo_ms,
+                   help="send every request this latency SLO (slo_ms); attainment and goodput are reported")
+    g.add_argument("--slo-ms-per-token", type=float, default=RUN.slo_ms_per_token,
+                   help="instead: each request's SLO is --slo-base-ms + this per requested output token")
+    g.add_argument("--slo-base-ms", type=float, default=RUN.slo_base_ms)
     g.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                    help="SLOs, e.g. --goodput ttft:1000 tpot:100 e2el:20000")
     g.add_argument("--capacity-search", action="store_true",
@@ -127,15 +132,21 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, WorkloadOptions, dict]
         raise ValueError("--burstiness needs --arrival gamma (poisson is burstiness 1)")
     if args.endpoint == "chat" and (args.random_ids or args.dataset == "random"):
         raise ValueError("token-id prompts need --endpoint completions")
-    if args.capacity_search and not args.goodput:
-        raise ValueError("--capacity-search needs --goodput SLOs")
+    if args.slo_ms is not None and args.slo_ms_per_token is not None:
+        raise ValueError("--slo-ms and --slo-ms-per-token: give one")
+    if any(v is not None and v <= 0 for v in (args.slo_ms, args.slo_ms_per_token)):
+        raise ValueError("SLOs must be > 0 ms")
+    per_request_slo = args.slo_ms is not None or args.slo_ms_per_token is not None
+    if args.capacity_search and not (args.goodput or per_request_slo):
+        raise ValueError("--capacity-search needs --goodput SLOs or a per-request SLO (--slo-ms)")
     if args.num_prompts < 1 or args.num_warmups < 0:
         raise ValueError("need --num-prompts >= 1 and --num-warmups >= 0")
     cfg = RunConfig(base_url=args.base_url, endpoint=args.endpoint, model=args.model,
                     api_key=args.api_key, extra_body=extra_body, ignore_eos=args.ignore_eos,
                     temperature=args.temperature, timeout_s=args.timeout,
                     max_concurrency=args.max_concurrency, num_warmups=args.num_warmups,
-                    show_progress=not args.no_progress, slos=parse_goodput(args.goodput))
+                    show_progress=not args.no_progress, slos=parse_goodput(args.goodput),
+                    slo_ms=args.slo_ms, slo_ms_per_token=args.slo_ms_per_token, slo_base_ms=args.slo_base_ms)
     opts = WorkloadOptions(dataset="trace" if args.trace else args.dataset,
                            dataset_path=args.dataset_path, preset=args.preset,
                            length_scale=args.length_scale, spread=args.spread,

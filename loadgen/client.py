@@ -47,6 +47,8 @@ class RequestResult:
     client_output_tokens: int = 0
     progress_chunks: int = 0
     empty_chunks: int = 0
+    slo_ms: float | None = None                 # this request's latency SLO (sent as slo_ms)
+    thresholds: list[float] | None = None        # per block, as the server reported them (dllm field)
 
     @property
     def output_tokens(self) -> int:
@@ -88,10 +90,22 @@ class SSEDecoder:
         return out
 
 
+def request_slo_ms(output_len: int, slo_ms: float | None, per_token_ms: float | None,
+                   base_ms: float = 0.0) -> float | None:
+    """A request's SLO: fixed, or base + a rate per requested output token."""
+    if slo_ms is not None:
+        return float(slo_ms)
+    if per_token_ms is not None:
+        return base_ms + per_token_ms * output_len
+    return None
+
+
 def build_body(spec: RequestSpec, endpoint: str, model: str | None, ignore_eos: bool,
-               extra_body: dict | None, temperature: float | None = None) -> dict:
+               extra_body: dict | None, temperature: float | None = None, slo_ms: float | None = None) -> dict:
     body: dict = {"stream": True, "stream_options": {"include_usage": True},
                   "max_tokens": int(spec.output_len)}
+    if slo_ms is not None:
+        body["slo_ms"] = slo_ms
     if model:
         body["model"] = model
     if endpoint == "chat":
@@ -166,6 +180,9 @@ def handle_event(res: RequestResult, event: str, data: str, t: float) -> bool:
     choice = choices[0]
     if choice.get("finish_reason"):
         res.finish_reason = choice["finish_reason"]
+    dllm = choice.get("dllm")
+    if isinstance(dllm, dict) and isinstance(dllm.get("thresholds"), list):
+        res.thresholds = [float(x) for x in dllm["thresholds"]]
     text = _content(choice)
     if text:
         if res.ttft is None:

@@ -24,7 +24,8 @@ def plot_latency_vs_rate(results: list[dict], path: str | Path, title: str = "")
     plt = _plt()
     rows = sorted(results, key=lambda r: float(r["config"]["request_rate"]))
     rates = [float(r["config"]["request_rate"]) for r in rows]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    with_slo = any("slo" in r["summary"] for r in rows)
+    fig, axes = plt.subplots(1, 5 if with_slo else 4, figsize=(20 if with_slo else 16, 3.8))
     for ax, (name, key) in zip(axes, (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"),
                                       ("E2E latency", "e2el_ms"))):
         for stat, style in (("median", "-o"), ("p99", "--s")):
@@ -44,6 +45,15 @@ def plot_latency_vs_rate(results: list[dict], path: str | Path, title: str = "")
     ax.set_ylabel("completed req/s")
     ax.grid(alpha=0.3)
     ax.legend()
+    if with_slo:
+        ax = axes[4]
+        ax.plot(rates, [100 * r["summary"].get("slo", {}).get("attainment", np.nan) for r in rows], "-o",
+                label="SLO attainment")
+        ax.set_ylim(0, 105)
+        ax.set_title("per-request SLO")
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel("% of requests within their SLO")
+        ax.grid(alpha=0.3)
     return _save(plt, fig, path, title)
 
 

@@ -44,6 +44,8 @@ def per_request_arrays(results) -> dict:
         "http_status": [r.status for r in results],
         "errors": [r.error for r in results],
         "texts": [r.text for r in results],
+        "slo_ms": [r.slo_ms for r in results],
+        "thresholds": [r.thresholds for r in results],
     }
 
 
@@ -110,6 +112,11 @@ def print_report(result: dict, console=None) -> None:
             ("peak concurrency", _fmt(s["peak_concurrency"])),
             ("input / output tokens", f"{s['total_input_tokens']} / {s['total_output_tokens']}"),
             (f"token mismatches ({s['token_count_method']})", _fmt(s["token_mismatches"]))]
+    if "slo" in s:
+        o = s["slo"]
+        mean_t = "-" if o["mean_threshold"] is None else f"{o['mean_threshold']:.3f}"
+        rows.append(("per-request SLO attainment", f"{100 * o['attainment']:.1f}% ({o['met']}/{o['requests']}), "
+                     f"goodput {o['goodput_req_s']:.3f} req/s, mean block threshold {mean_t}"))
     if "goodput" in s:
         g = s["goodput"]
         slo = " ".join(f"{k}<={v:g}ms" for k, v in g["slos_ms"].items())
@@ -152,7 +159,7 @@ def print_sweep(rows: list[dict], console=None) -> None:
     console = console or _console()
     t = Table(title="rate sweep")
     for col in ("rate", "req/s", "out tok/s", "ok/fail", "TTFT p50 ms", "TTFT p99 ms",
-                "TPOT p50 ms", "E2E p50 ms", "E2E p99 ms", "goodput %"):
+                "TPOT p50 ms", "E2E p50 ms", "E2E p99 ms", "goodput %", "SLO %", "mean thr"):
         t.add_column(col, justify="right")
     for r in rows:
         s = r["summary"]
@@ -161,5 +168,7 @@ def print_sweep(rows: list[dict], console=None) -> None:
                   _fmt(s["output_throughput"]), f"{s['completed']}/{s['failed']}",
                   _fmt(s["ttft_ms"]["median"], 1), _fmt(s["ttft_ms"]["p99"], 1),
                   _fmt(s["tpot_ms"]["median"], 1), _fmt(s["e2el_ms"]["median"], 1),
-                  _fmt(s["e2el_ms"]["p99"], 1), "-" if g is None else f"{100 * g['fraction']:.1f}")
+                  _fmt(s["e2el_ms"]["p99"], 1), "-" if g is None else f"{100 * g['fraction']:.1f}",
+                  "-" if "slo" not in s else f"{100 * s['slo']['attainment']:.1f}",
+                  "-" if "slo" not in s or s["slo"]["mean_threshold"] is None else f"{s['slo']['mean_threshold']:.3f}")
     console.print(t)

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import httpx
 
-from .client import RequestResult, build_body, send_request
+from .client import RequestResult, build_body, request_slo_ms, send_request
 from .metrics_scrape import metrics_report, scrape_metrics, server_info
 from .report import build_result
 from .stats import summarize
@@ -39,6 +39,9 @@ class RunConfig:
     num_warmups: int = 0
     show_progress: bool = True
     slos: dict = field(default_factory=dict)
+    slo_ms: float | None = None              # per-request SLO sent as slo_ms: fixed ...
+    slo_ms_per_token: float | None = None    # ... or slo_base_ms + this per requested output token
+    slo_base_ms: float = 0.0
 
     def headers(self) -> dict:
         key = self.api_key or os.environ.get("OPENAI_API_KEY")
@@ -77,10 +80,11 @@ async def execute(client: httpx.AsyncClient, cfg: RunConfig, model: str | None,
 
     async def one(i: int, spec: RequestSpec, offset: float) -> RequestResult:
         res = RequestResult(index=i, prompt_len=spec.prompt_len,
-                            expected_output_len=spec.output_len, scheduled=float(offset))
+                            expected_output_len=spec.output_len, scheduled=float(offset),
+                            slo_ms=request_slo_ms(spec.output_len, cfg.slo_ms, cfg.slo_ms_per_token, cfg.slo_base_ms))
         try:
             body = build_body(spec, cfg.endpoint, model, cfg.ignore_eos, cfg.extra_body,
-                              cfg.temperature)
+                              cfg.temperature, res.slo_ms)
         except ValueError as exc:
             res.error, res.start, res.latency = f"bad request: {exc}", time.perf_counter() - t0, 0.0
         else:

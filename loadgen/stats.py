@@ -51,10 +51,27 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
 
 
 def meets_slo(r: RequestResult, slos: dict[str, float]) -> bool:
+    """The --goodput SLOs and the request's own SLO (slo_ms), when it has one."""
     if not r.ok:
         return False
     got = {"ttft": r.ttft, "tpot": tpot(r) or 0.0, "e2el": r.latency}
+    if r.slo_ms is not None and (r.latency is None or r.latency * 1000.0 > r.slo_ms):
+        return False
     return all(got[k] is not None and got[k] * 1000.0 <= ms for k, ms in slos.items())
+
+
+def slo_summary(results: list[RequestResult], duration: float) -> dict | None:
+    """Per-request SLOs: the share of requests that finished within their own SLO (failed ones
+    miss it), the goodput they make, and the mean threshold the server's blocks ran with."""
+    with_slo = [r for r in results if r.slo_ms is not None]
+    if not with_slo:
+        return None
+    good = [r for r in with_slo if r.ok and r.latency is not None and r.latency * 1000.0 <= r.slo_ms]
+    thresholds = [t for r in results if r.ok and r.thresholds for t in r.thresholds]
+    return {"requests": len(with_slo), "met": len(good), "attainment": len(good) / len(with_slo),
+            "goodput_req_s": len(good) / max(duration, 1e-9),
+            "slo_ms": describe_ms(r.slo_ms / 1000.0 for r in with_slo),
+            "mean_threshold": sum(thresholds) / len(thresholds) if thresholds else None}
 
 
 def peak_output_rate(results: list[RequestResult], bucket_s: float = 1.0) -> float:
@@ -132,7 +149,10 @@ def summarize(results: list[RequestResult], duration: float, slos: dict[str, flo
         "token_mismatches": mismatches,
         "progress_chunks": sum(r.progress_chunks for r in results),
     }
-    if slos:
+    slo = slo_summary(results, duration)
+    if slo is not None:
+        summary["slo"] = slo
+    if slos or slo is not None:
         good = sum(1 for r in results if meets_slo(r, slos))
         summary["goodput"] = {"slos_ms": slos, "good_requests": good,
                               "request_goodput": good / dur,

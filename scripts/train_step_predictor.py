@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help=f"artefact path (default: {ARTEFACT} in the model folder)")
-    ap.add_argument("--max-iter", type=int, default=200)
+    ap.add_argument("--max-iter", type=int, default=100)
     args = ap.parse_args()
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor

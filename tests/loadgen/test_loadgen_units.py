@@ -171,3 +171,24 @@ def test_workloads(tmp_path):
                                                             dataset_path=str(share)))
     assert len(specs) == 3 and all(s.prompt.startswith("tell me") for s in specs)
     assert specs[0].output_len == counter.count("the sea is large and deep " * 4)
+
+
+def test_per_request_slo_is_sent_judged_and_summarised():
+    from loadgen.client import RequestResult, build_body, handle_event, request_slo_ms
+    from loadgen.stats import meets_slo, slo_summary
+    from loadgen.workload import RequestSpec
+    assert request_slo_ms(100, 2000.0, None) == 2000.0
+    assert request_slo_ms(100, None, 20.0, base_ms=500.0) == 2500.0 and request_slo_ms(100, None, None) is None
+    body = build_body(RequestSpec(prompt="hi", prompt_len=1, output_len=100), "completions", None, False, {},
+                      slo_ms=2500.0)
+    assert body["slo_ms"] == 2500.0
+    r = RequestResult(index=0, prompt_len=1, expected_output_len=100, slo_ms=2500.0)
+    handle_event(r, "", '{"choices": [{"text": "x", "finish_reason": "length", '
+                        '"dllm": {"thresholds": [0.9, 0.7]}}]}', 0.1)
+    r.ok, r.latency = True, 2.0
+    late = RequestResult(index=1, prompt_len=1, expected_output_len=100, slo_ms=1000.0, ok=True, latency=2.0)
+    failed = RequestResult(index=2, prompt_len=1, expected_output_len=100, slo_ms=5000.0)
+    assert r.thresholds == [0.9, 0.7] and meets_slo(r, {}) and not meets_slo(late, {})
+    s = slo_summary([r, late, failed], duration=4.0)
+    assert (s["met"], s["requests"], s["goodput_req_s"]) == (1, 3, 0.25)
+    assert abs(s["attainment"] - 1 / 3) < 1e-9 and s["mean_threshold"] == 0.8

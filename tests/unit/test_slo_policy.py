@@ -75,7 +75,7 @@ def test_exported_trees_predict_like_sklearn():
     y = 3 * np.nan_to_num(x[:, 0]) + np.sin(5 * np.nan_to_num(x[:, 1])) + (x[:, 2] > 0.5)
     model = sklearn.HistGradientBoostingRegressor(max_iter=40, max_depth=5).fit(x, y)
     ours = TreeEnsemble.from_dict(export_hist_gbm(model))
-    np.testing.assert_allclose(ours.predict(x), model.predict(x), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(ours.predict(x), model.predict(x), rtol=1e-5, atol=1e-4)   # leaves kept to 6 digits
 
 
 def test_simple_estimator_is_pessimistic_until_it_sees_a_stop():

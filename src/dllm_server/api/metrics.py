@@ -41,6 +41,10 @@ class EngineCollector:
                                      "remaining forwards, over recent finished requests", labels=labels + ["when"])
         step_err = GaugeMetricFamily("dllm:step_time_rel_error", "the step-time model's mean relative error on "
                                      "recent iterations", labels=labels)
+        ticks = CounterMetricFamily("dllm:scheduler_ticks", "worker message batches the scheduler handled",
+                                    labels=labels)
+        tick_s = CounterMetricFamily("dllm:scheduler_tick_seconds", "front-loop seconds spent handling them",
+                                     labels=labels)
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
@@ -65,6 +69,8 @@ class EngineCollector:
             continued.add_metric(m, c.blocks_continued)
             canvas.add_metric(m, c.canvas_positions)
             canvas_v.add_metric(m, c.canvas_positions)
+            ticks.add_metric(m, s.ticks)
+            tick_s.add_metric(m, s.tick_s)
             p = s.policy
             if p is not None:
                 cap.add_metric(m, p["cap"])
@@ -74,7 +80,7 @@ class EngineCollector:
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, xfer_b, xfer_s, handoffs, stall,
-                    continued, cap, pred_err, step_err, canvas, canvas_v)
+                    continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v)
 
 
 class Metrics:

@@ -178,8 +178,7 @@ class Scheduler:
 
     def _revise(self) -> None:
         """Let an observing policy re-decide leased next blocks (it rate-limits itself)."""
-        changes = self.policy.revise({rid: (e.state, e.worker, e.lease) for rid, e in self.requests.leased.items()},
-                                     self.clock())
+        changes = self.policy.revise(self.requests.leased, self.clock())
         for rid, then in changes.items():
             entry = self.requests.leased.get(rid)
             if entry is not None and entry.worker is not None:

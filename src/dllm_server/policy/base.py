@@ -31,8 +31,9 @@ class DecodePolicy(Protocol):
 
     def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None: ...
 
-    def revise(self, leases: dict[str, tuple[RequestState, int, BlockPolicy]], now: float) -> dict[str, BlockPolicy]:
-        """{request: (state, worker, leased next-block policy)} -> the leases to change."""
+    def revise(self, leased: dict, now: float) -> dict[str, BlockPolicy]:
+        """{request: its entry (.state, .worker, .lease: the leased next-block policy)} -> the leases
+        to change. Called once per scheduling tick; a policy rate-limits itself."""
         ...
 
 

@@ -123,11 +123,12 @@ def export_hist_gbm(model) -> dict:
     for (pred,) in model._predictors:
         nodes = pred.nodes
         depth = int(nodes["depth"].max()) if len(nodes) else 0
+        # thresholds keep full precision (a split must not move); leaf values need far less
         trees.append({"feature": nodes["feature_idx"].tolist(), "threshold": nodes["num_threshold"].tolist(),
                       "left": nodes["left"].tolist(), "right": nodes["right"].tolist(),
-                      "missing_left": nodes["missing_go_to_left"].astype(bool).tolist(),
-                      "leaf": nodes["is_leaf"].astype(bool).tolist(), "value": nodes["value"].tolist(),
-                      "depth": depth + 1})
+                      "missing_left": nodes["missing_go_to_left"].astype(int).tolist(),
+                      "leaf": nodes["is_leaf"].astype(int).tolist(),
+                      "value": [float(f"{v:.6g}") for v in nodes["value"]], "depth": depth + 1})
     baseline = float(np.ravel(model._baseline_prediction)[0])
     if not math.isfinite(baseline):
         raise ValueError("model: non-finite baseline")

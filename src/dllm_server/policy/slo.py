@@ -92,15 +92,15 @@ class SLOPolicy(StaticPolicy):
         [tau] = self._choose([(state, block_index)], self.clock())
         return BlockPolicy(tau)
 
-    def revise(self, leases: dict, now: float) -> dict[str, BlockPolicy]:
-        """leases: {request: (state, worker, leased next-block policy)}."""
+    def revise(self, leased: dict, now: float) -> dict[str, BlockPolicy]:
+        """leased: {request: entry (.state, .lease)}; re-decide each progressed request's lease."""
         if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
             self._control(now)
         if now - self._revised_at < REVISE_INTERVAL_S:
             return {}
         self._revised_at = now
-        todo = [(st, st.block_index + 1, pol) for st, _, pol in leases.values()
-                if not names_a_rule(st) and (p := self.progress.get(st.request_id)) is not None and p.updated]
+        todo = [(e.state, e.state.block_index + 1, e.lease) for e in leased.values()
+                if not names_a_rule(e.state) and (p := self.progress.get(e.state.request_id)) is not None and p.updated]
         if not todo:
             return {}
         taus = self._choose([(st, k) for st, k, _ in todo], now)

@@ -43,11 +43,10 @@ class TracingPolicy:
         self.taus.setdefault(rid, {})[block_index] = pol.threshold
         return pol
 
-    def revise(self, leases, now: float) -> dict[str, BlockPolicy]:
-        changes = self.inner.revise(leases, now) if getattr(self.inner, "observes", False) else {}
+    def revise(self, leased, now: float) -> dict[str, BlockPolicy]:
+        changes = self.inner.revise(leased, now) if getattr(self.inner, "observes", False) else {}
         for rid, pol in changes.items():
-            st = leases[rid][0]
-            self.taus.setdefault(rid, {})[st.block_index + 1] = pol.threshold
+            self.taus.setdefault(rid, {})[leased[rid].state.block_index + 1] = pol.threshold
         return changes
 
     def seed(self, worker_id: int, profile) -> None:

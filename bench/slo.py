@@ -1,0 +1,227 @@
+"""SLO-aware decoding under load, four configurations in one run, on real servers:
+fixed threshold 0.9, fixed 0.7, the slo policy without load control, the slo policy with it.
+
+1. The SLO: `--slo-factor` x the unloaded latency of fixed 0.9 on this workload (per request).
+2. The capacity of fixed 0.9 at that SLO (>= 90 % of requests within it), by the load generator's
+   capacity search.
+3. Poisson load at `--rates` x that capacity for every configuration (the load generator's own
+   arrivals and send loop): SLO attainment, mean / p99 latency, mean threshold the blocks ran with.
+4. Quality of every answer, offline with the same model: token agreement with the same request
+   decoded at threshold 0.99 (greedy), and the model's pseudo log-likelihood of the answer
+   (bench/quality.py); or accuracy on a GSM8K-style `--task` file.
+5. The policy's cost on the front loop: scheduler seconds per tick with 64 requests in flight,
+   fixed vs slo (the server's own dllm:scheduler_tick_seconds / dllm:scheduler_ticks).
+
+    python bench/slo.py [--model DIR] [--requests 40] [--rates 0.5,0.75,1,1.5,2] [--plot docs/img/slo.png]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from dllm_server import LLM, SamplingParams
+from dllm_server.checkpoint import embedded_model_path
+from dllm_server.launch import serve
+from loadgen.arrivals import arrival_offsets
+from loadgen.capacity import find_capacity
+from loadgen.run import RunConfig, benchmark
+from loadgen.tokens import load_counter
+from loadgen.workload import RequestSpec
+from quality import agreement, load_task, pseudo_log_likelihood, task_accuracy
+
+PROMPTS = ["Good morrow, my lord. What news?", "Tell me a story.", "Who art thou?", "What is love?",
+           "My lord, the horses are ready.", "Why dost thou frown so?", "What did the messenger say?",
+           "Sir, I have a letter for you.", "Will the army march tonight?", "Is this a dagger I see?",
+           "How long have you been here?", "Pray, tell me of your travels.", "Where shall we dine?",
+           "The king is dead, they say.", "Dost thou love me?", "What news from Rome?"]
+CONFIGS = [("fixed 0.9", ["--threshold", "0.9"]), ("fixed 0.7", ["--threshold", "0.7"]),
+           ("slo, no load control", ["--threshold-policy", "slo", "--no-load-control"]),
+           ("slo + load control", ["--threshold-policy", "slo"])]
+
+
+def workload(n: int, max_tokens: int, seed: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    return [RequestSpec(PROMPTS[int(rng.integers(len(PROMPTS)))], 12, max_tokens) for _ in range(n)]
+
+
+def task_workload(task: list[dict], n: int, max_tokens: int) -> list[RequestSpec]:
+    return [RequestSpec(task[i % len(task)]["question"], 64, max_tokens) for i in range(n)]
+
+
+async def run_at(url: str, specs, rate: float, slo_ms: float, seed: int) -> dict:
+    cfg = RunConfig(base_url=url, endpoint="chat", temperature=0.0, show_progress=False, slo_ms=slo_ms)
+    offsets = arrival_offsets("poisson", rate, len(specs), np.random.default_rng(seed))
+    return await benchmark(cfg, specs, offsets, load_counter(None))
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30, trust_env=False).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+async def tick_cost(url: str, prompt: str, n: int = 64) -> float:
+    """Front-loop seconds per scheduler tick while `n` requests are in flight together."""
+    t0, s0 = metric(url, "dllm:scheduler_ticks_total"), metric(url, "dllm:scheduler_tick_seconds_total")
+    async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as c:
+        await asyncio.gather(*[c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": 128, "ignore_eos": True,
+            "slo_ms": 60_000, "seed": i}) for i in range(n)])
+    t1, s1 = metric(url, "dllm:scheduler_ticks_total"), metric(url, "dllm:scheduler_tick_seconds_total")
+    return (s1 - s0) / max(1.0, t1 - t0)
+
+
+def quality(llm, results: list[dict], specs, refs: dict[str, list[int]], task) -> dict:
+    tok = llm.tokenizer
+    agree, pll, texts = [], [], []
+    for r in results:
+        for spec, text, ok in zip(specs, r["requests"]["texts"], r["requests"]["ok"]):
+            if not ok:
+                continue
+            ids = tok.hf.encode(text, add_special_tokens=False)
+            agree.append(agreement(ids, refs[spec.prompt]))
+            prompt_ids = tok.apply_chat_template([{"role": "user", "content": spec.prompt}])
+            pll.append(pseudo_log_likelihood(llm, prompt_ids, ids))
+            texts.append(text)
+    out = {"agreement": statistics.mean(agree) if agree else None, "pll": statistics.mean(pll) if pll else None}
+    if task is not None:
+        out["accuracy"] = task_accuracy(texts, task)
+    return out
+
+
+async def main_async(a) -> dict:
+    model = a.model or str(embedded_model_path())
+    task = load_task(a.task) if a.task else None
+    specs = task_workload(task, a.requests, a.max_tokens) if task else workload(a.requests, a.max_tokens, a.seed)
+    common = ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096"]
+    logs = Path(tempfile.mkdtemp(prefix="bench-slo-"))
+    report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens, "configs": {}}
+    # 1-2: the SLO and the capacity of fixed 0.9
+    base = serve(model, *common, *CONFIGS[0][1], log_path=logs / "base.log")
+    try:
+        async with httpx.AsyncClient(base_url=base.url, timeout=600, trust_env=False) as c:
+            lat = []
+            for spec in specs[:8]:
+                t = time.perf_counter()
+                await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": spec.prompt}],
+                                                           "max_tokens": a.max_tokens, "temperature": 0})
+                lat.append(time.perf_counter() - t)
+        unloaded_ms = 1e3 * statistics.median(lat[1:])
+        slo_ms = a.slo_factor * unloaded_ms
+        found = await find_capacity(lambda rate: run_at(base.url, specs[: a.probe_requests], rate, slo_ms, a.seed),
+                                    lambda r: r["summary"]["slo"]["attainment"] >= 0.9, start_rate=a.start_rate,
+                                    tolerance=0.1, max_rate=a.max_rate)
+        capacity = found["capacity"] or a.start_rate
+        report.update({"unloaded_ms": unloaded_ms, "slo_ms": slo_ms, "capacity_fixed_0.9": capacity,
+                       "capacity_search": [{"rate": h["rate"], "ok": h["ok"]} for h in found["history"]]})
+        print(f"unloaded latency (fixed 0.9) {unloaded_ms:.0f} ms; SLO {slo_ms:.0f} ms; capacity of fixed 0.9 at "
+              f"90 % attainment: {capacity:.2f} req/s", flush=True)
+    finally:
+        base.stop()
+    # 3: every configuration at every rate; 5: tick cost
+    rates = [m * capacity for m in a.rates]
+    for name, flags in CONFIGS:
+        s = serve(model, *common, *flags, log_path=logs / f"{name.replace(' ', '_')}.log")
+        try:
+            runs = []
+            for m, rate in zip(a.rates, rates):
+                r = await run_at(s.url, specs, rate, slo_ms, a.seed + 1)
+                runs.append({"multiple": m, "rate": rate, "result": r})
+                sm = r["summary"]
+                print(f"{name} @ {m}x ({rate:.2f} req/s): attainment {100 * sm['slo']['attainment']:.0f} %, "
+                      f"mean {sm['e2el_ms']['mean']:.0f} ms, p99 {sm['e2el_ms']['p99']:.0f} ms, mean threshold "
+                      f"{sm['slo']['mean_threshold']}", flush=True)
+            tick = await tick_cost(s.url, PROMPTS[0]) if name in ("fixed 0.9", "slo + load control") else None
+        finally:
+            s.stop()
+        report["configs"][name] = {"runs": runs, "tick_s": tick}
+    # 4: quality, offline
+    llm = LLM(model, dtype=a.dtype)
+    refs = {}
+    for p in {sp.prompt for sp in specs}:
+        out = llm.chat([{"role": "user", "content": p}], SamplingParams(max_tokens=a.max_tokens, threshold=0.99))[0]
+        refs[p] = llm.tokenizer.hf.encode(out.text, add_special_tokens=False)
+    for name, c in report["configs"].items():
+        for run in c["runs"]:
+            run["quality"] = quality(llm, [run["result"]], specs, refs, task)
+    return report
+
+
+def print_tables(rep: dict) -> None:
+    print(f"\nmodel {rep['model']}; {rep['requests_per_rate']} requests per rate, max_tokens {rep['max_tokens']}, "
+          f"greedy; SLO {rep['slo_ms']:.0f} ms (unloaded fixed-0.9 latency {rep['unloaded_ms']:.0f} ms); capacity of "
+          f"fixed 0.9 = {rep['capacity_fixed_0.9']:.2f} req/s\n")
+    cols = "| config | load | rate (req/s) | SLO attainment | mean latency (ms) | p99 (ms) | mean threshold | " \
+           "agreement with 0.99 | pseudo log-lik |"
+    print(cols + ("" if "accuracy" not in next(iter(rep["configs"].values()))["runs"][0]["quality"] else " accuracy |"))
+    print("|---" * (cols.count("|") - 1) + "|")
+    for name, c in rep["configs"].items():
+        for run in c["runs"]:
+            s, q = run["result"]["summary"], run["quality"]
+            mt = s["slo"]["mean_threshold"]
+            row = (f"| {name} | {run['multiple']:g}x | {run['rate']:.2f} | {100 * s['slo']['attainment']:.0f} % | "
+                   f"{s['e2el_ms']['mean']:.0f} | {s['e2el_ms']['p99']:.0f} | {'-' if mt is None else f'{mt:.3f}'} | "
+                   f"{q['agreement']:.3f} | {q['pll']:.3f} |")
+            print(row + (f" {q['accuracy']:.3f} |" if "accuracy" in q else ""))
+    ticks = {n: c["tick_s"] for n, c in rep["configs"].items() if c["tick_s"] is not None}
+    print("\nfront-loop time per scheduler tick, 64 requests in flight: " +
+          ", ".join(f"{n} {1e6 * t:.0f} us" for n, t in ticks.items()))
+
+
+def plot(rep: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for name, c in rep["configs"].items():
+        xs = [r["multiple"] for r in c["runs"]]
+        axes[0].plot(xs, [100 * r["result"]["summary"]["slo"]["attainment"] for r in c["runs"]], "-o", label=name)
+        axes[1].plot(xs, [r["result"]["summary"]["slo"]["mean_threshold"] or np.nan for r in c["runs"]], "-o")
+        axes[2].plot(xs, [r["quality"]["agreement"] for r in c["runs"]], "-o")
+    for ax, t in zip(axes, ("SLO attainment (%)", "mean block threshold", "token agreement with threshold 0.99")):
+        ax.set_title(t)
+        ax.set_xlabel("offered load (x capacity of fixed 0.9)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--task", help="GSM8K-style JSONL ({'question', 'answer'}): report accuracy too")
+    ap.add_argument("--requests", type=int, default=40, help="requests per rate and configuration")
+    ap.add_argument("--probe-requests", type=int, default=24, help="requests per capacity-search probe")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=[0.5, 0.75, 1.0, 1.5, 2.0])
+    ap.add_argument("--slo-factor", type=float, default=3.0)
+    ap.add_argument("--start-rate", type=float, default=2.0)
+    ap.add_argument("--max-rate", type=float, default=64.0)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default="docs/results/slo.json")
+    ap.add_argument("--plot", default="docs/img/slo.png")
+    a = ap.parse_args()
+    rep = asyncio.run(main_async(a))
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    for c in rep["configs"].values():              # keep the JSON small: summaries only
+        for run in c["runs"]:
+            run["result"] = {"summary": run["result"]["summary"]}
+    Path(a.json).write_text(json.dumps(rep, indent=1))
+    print_tables(rep)
+    plot(rep, a.plot)
+    print(f"\nplot: {a.plot}; JSON: {a.json}")
+
+
+if __name__ == "__main__":
+    main()
