@@ -114,7 +114,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help=f"artefact path (default: {ARTEFACT} in the model folder)")
-    ap.add_argument("--max-iter", type=int, default=100)
+    ap.add_argument("--max-iter", type=int, default=60)
+    ap.add_argument("--max-depth", type=int, default=6, help="shallow trees: the server evaluates them per tick")
     args = ap.parse_args()
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor
@@ -132,8 +133,8 @@ def main() -> None:
     print(f"{len(x)} rows ({int(admit.sum())} at admission) from {trace_dir}; held out: {int(held.sum())} rows")
     models = {}
     for j, target in enumerate(TARGETS):
-        m = HistGradientBoostingRegressor(max_iter=args.max_iter, learning_rate=0.08, max_leaf_nodes=31,
-                                          min_samples_leaf=20, random_state=args.seed)
+        m = HistGradientBoostingRegressor(max_iter=args.max_iter, learning_rate=0.12, max_leaf_nodes=31,
+                                          max_depth=args.max_depth, min_samples_leaf=20, random_state=args.seed)
         models[target] = m.fit(x[~held], y[~held, j])
     artefact = {"features": list(FEATURES), "targets": {t: export_hist_gbm(m) for t, m in models.items()},
                 "meta": {"model": Path(model).name, "requests": args.requests, "rows": int(len(x)),

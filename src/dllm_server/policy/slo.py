@@ -26,7 +26,7 @@ from .progress import Progress, feature_row
 from .thresholds import allowed, choose_threshold, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
-REVISE_INTERVAL_S = 0.05      # leased next blocks are re-decided at most this often
+REVISE_INTERVAL_S = 0.2       # leased next blocks are re-decided at most this often (a block lasts longer)
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
 
 
@@ -48,6 +48,7 @@ class SLOPolicy(StaticPolicy):
         self.where: dict[str, int] = {}
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
         self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
+        self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
         self.controller = LoadController(self.candidates) if config.load_control else None
         self._controlled_at = self._revised_at = -1e9
         self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
@@ -82,7 +83,8 @@ class SLOPolicy(StaticPolicy):
                 self.errors["oneshot"].append(self.first_guess[rid] - total)
             for done, remaining in self.online_guess.get(rid, ()):
                 self.errors["online"].append(done + remaining - total)
-        for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess):
+        for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess,
+                  self.work):
             d.pop(rid, None)
 
     # ---- decisions ----
@@ -117,7 +119,7 @@ class SLOPolicy(StaticPolicy):
             rows += [feature_row(p, c, self.all_candidates) for c in self.candidates]
             cur_rows.append(feature_row(p, cur_tau, self.all_candidates))
             meta.append((st, k, p, starting))
-        pred, cur = self._predict(np.asarray(rows), np.asarray(cur_rows))
+        pred, cur = self._predict(np.asarray(rows), np.asarray(cur_rows), any(m[3] for m in meta))
         out, n = [], len(self.candidates)
         for i, (st, k, p, starting) in enumerate(meta):
             w = self.where.get(st.request_id)
@@ -128,6 +130,7 @@ class SLOPolicy(StaticPolicy):
                     for c, b, f, fb in zip(self.candidates, block_rem, pred["fut_forwards"][sl], pred["fut_blocks"][sl])}
             tau = choose_threshold(self.candidates, secs, self._budget(st, now), self.cap, self.floor)
             self.decided[st.request_id][k] = tau
+            self.work[st.request_id] = block_rem + pred["fut_forwards"][sl]
             j = self.candidates.index(tau)
             remaining = float(block_rem[j] + pred["fut_forwards"][sl][j])
             if st.request_id not in self.first_guess:            # at admission: the one-shot estimate
@@ -137,13 +140,16 @@ class SLOPolicy(StaticPolicy):
             out.append(tau)
         return out
 
-    def _predict(self, rows: np.ndarray, cur_rows: np.ndarray):
+    def _predict(self, rows: np.ndarray, cur_rows: np.ndarray, starting: bool):
+        """Later blocks at every candidate; the current block at its own threshold (at every
+        candidate too when a decided block has not started yet)."""
         t = time.perf_counter()
-        both = self.predictor.predict(np.vstack([rows, cur_rows]))
+        pred = self.predictor.predict(rows, ("fut_forwards", "fut_blocks", "block_rem") if starting else
+                                      ("fut_forwards", "fut_blocks"))
+        cur = self.predictor.predict(cur_rows, ("block_rem",))
         self.predict_s.append(time.perf_counter() - t)
         self.predict_rows.append(len(rows) + len(cur_rows))
-        n = len(rows)
-        return {k: v[:n] for k, v in both.items()}, {k: v[n:] for k, v in both.items()}
+        return pred, cur
 
     def _budget(self, st: RequestState, now: float) -> float | None:
         slo = st.sampling.slo_ms / 1e3 if st.sampling.slo_ms is not None else self.default_slo_s
@@ -152,12 +158,10 @@ class SLOPolicy(StaticPolicy):
     def _control(self, now: float) -> None:
         """Lower / raise the cap from the worst-case demand against the workers' capacity."""
         self._controlled_at = now
-        live = list(self.states)
+        live = [rid for rid in self.states if rid in self.work]      # requests with a current prediction
         if not live:
             return
-        rows = [feature_row(self.progress[rid], c, self.all_candidates) for rid in live for c in self.candidates]
-        pred = self.predictor.predict(np.asarray(rows))
-        work = (pred["block_rem"] + pred["fut_forwards"]).reshape(len(live), len(self.candidates))
+        work = np.stack([self.work[rid] for rid in live])
         budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
                               for rid in live])
         demand = demand_rate(work, budgets, 1.0)
