@@ -58,7 +58,8 @@ export async function stream(path, body, {key, signal, onOpen, onEvent}) {
     try {
       chunk = await reader.read();
     } catch (err) {
-      if (signal.aborted) throw new RequestError("stopped", "Stopped. The server frees the request's KV cache.");
+      if (signal.aborted) throw new RequestError("stopped", "Stopped: the connection is closed, so the server aborts the "
+        + "request and frees its KV cache.");
       throw new RequestError("dropped", "The connection to the server was lost in the middle of the answer.");
     }
     if (chunk.done) {

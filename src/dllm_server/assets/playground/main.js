@@ -81,6 +81,7 @@ async function send(event) {
     if (!(err instanceof RequestError)) throw err;
     mine.state = err.kind === "stopped" ? "stopped" : "failed";
     showMessage(err.message, err.kind === "stopped" ? "info" : "error");
+    if (!mine.model && mine === run) $("caption").textContent = "Nothing was decoded.";
   }
   mine.endAt = performance.now();
   if (mine !== run) return;
@@ -150,9 +151,9 @@ function caption(m, k) {
   if (k === 0) return live ? `Waiting for the first forward: all ${m.answerLen} positions masked.`
     : `Before the first forward: all ${m.answerLen} positions masked.`;
   const f = m.forwards[k - 1];
-  const head = live ? `Denoising… forward ${k}` : k === m.length && run.state === "done"
-    ? `Finished (${run.finish}) after ${k} forwards; the last one:` : `Forward ${k} of ${m.length}`;
-  return `${head} · block ${f.block}, `
+  const head = live ? `Denoising… forward ${k} ·` : k === m.length && run.state === "done"
+    ? `Finished (${run.finish}) after ${k} forwards; the last:` : `Forward ${k} of ${m.length} ·`;
+  return `${head} block ${f.block}, `
     + `step ${f.step} · committed ${f.positions.length} position${f.positions.length === 1 ? "" : "s"} · `
     + `${f.masked} masked left`;
 }
