@@ -38,7 +38,7 @@ export function drawChart(svg, model, k) {
     const fill = i < k ? forwardColour(i + 1, k) : "#d0d0d0";
     const h = Math.max(y(0) - y(counts[i]), counts[i] ? 1 : 0);
     const bar = el("rect", {x: x + bw * 0.1, y: y(0) - h, width: Math.max(bw * 0.8, 0.5), height: h, fill});
-    bar.append(el("title", {}, `forward ${i + 1}: ${counts[i]} positions (block ${f.block}, step ${f.step})`));
+    bar.append(el("title", {}, `forward ${i + 1}: ${counts[i]} positions (block ${f.block}, its forward ${f.step + 1})`));
     parts.push(bar);
   });
   if (k > 0 && k <= n) {

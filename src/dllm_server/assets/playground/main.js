@@ -153,8 +153,8 @@ function caption(m, k) {
   const f = m.forwards[k - 1];
   const head = live ? `Denoising… forward ${k} ·` : k === m.length && run.state === "done"
     ? `Finished (${run.finish}) after ${k} forwards; the last:` : `Forward ${k} of ${m.length} ·`;
-  return `${head} block ${f.block}, `
-    + `step ${f.step} · committed ${f.positions.length} position${f.positions.length === 1 ? "" : "s"} · `
+  const n = f.positions.length;
+  return `${head} block ${f.block} (its forward ${f.step + 1}) · committed ${n} position${n === 1 ? "" : "s"} · `
     + `${f.masked} masked left`;
 }
 

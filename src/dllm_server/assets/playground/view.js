@@ -77,8 +77,8 @@ export class CanvasView {
     this.rows.forEach(({row, status}, b) => {
       row.classList.toggle("current", b === current);
       row.classList.toggle("done", steps[b] > 0 && b !== current);
-      status.textContent = b === current ? `denoising · ${steps[b]} fwd`
-        : steps[b] > 0 ? `✓ ${steps[b]} fwd` : end ? "not needed" : "waiting";
+      const n = `${steps[b]} forward${steps[b] === 1 ? "" : "s"}`;
+      status.textContent = b === current ? `denoising\n${n}` : steps[b] > 0 ? `✓ ${n}` : end ? "not needed" : "waiting";
     });
     const masked = model.maskedAfter(k);
     this.root.setAttribute("aria-label", `Answer canvas after forward ${k} of ${model.length}: `
@@ -105,7 +105,7 @@ export class CanvasView {
       text = byForward ? String(f) : shown.text;
       cls = `cell committed ${shown.kind}` + (f === k && !end ? " new" : "");
       look = `${f}/${k}/${text}/${cls}`;
-      title = `position ${p} · block ${fw.block} · committed at forward ${f} (step ${fw.step} of its block) · `
+      title = `position ${p} · block ${fw.block} · committed at forward ${f} (its block's forward ${fw.step + 1}) · `
         + `token ${JSON.stringify(model.tokenText[p])} (id ${model.tokenId[p]})`;
     }
     if (beyond) {
