@@ -32,7 +32,7 @@ KEY = "playground-test-key"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHAT = {"prompt": "Good morrow, my lord. What news?", "max_tokens": 32, "threshold": 0.3, "seed": 1,
-        "temperature": 0.7}
+        "temperature": 0.7, "slo_ms": 60000}
 PICTURE = {"prompt": "HAMLET. To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
            "max_tokens": 96, "threshold": 0.3, "seed": 1, "temperature": 0.7}
 # Three blocks of 256, one position per forward: it holds its KV pages (49 of them) for seconds.
@@ -59,7 +59,14 @@ def test_page_and_info_are_served_open_with_a_strict_policy(tiny_llada):
         info = c.get("/playground/info").json()
         assert info["auth_required"] is True and info["ready"] is False and info["model"] == "tiny"
         assert info["defaults"]["block_length"] == 32 and info["defaults"]["threshold"] == 0.9
+        assert info["threshold_policy"] == "fixed" and info["default_slo_ms"] is None
         assert c.post("/v1/completions", json={"prompt": "a"}).status_code == 401    # the API stays closed
+
+
+def test_info_reports_the_slo_policy(tiny_llada):
+    with _client(tiny_llada, threshold_policy="slo", default_slo_ms=500.0) as c:
+        info = c.get("/playground/info").json()
+        assert info["threshold_policy"] == "slo" and info["default_slo_ms"] == 500.0 and not info["auth_required"]
 
 
 def test_no_playground_flag(tiny_llada):
@@ -82,7 +89,8 @@ def _browser():
 
 def fill(page, mode: str, **fields) -> None:
     page.check(f"input[name=mode][value={mode}]")
-    page.fill("#steps", "")
+    for name in ("steps", "slo_ms"):
+        page.fill(f"#{name}", "")
     for name, value in fields.items():
         page.fill(f"#{name}", str(value))
 
@@ -170,6 +178,7 @@ def test_playground_in_a_browser(tmp_path):
             assert shown["forwards"] == str(choice["dllm"]["forwards"]) == str(len(replay) - 1)
             assert shown["steps per block"] == " · ".join(map(str, choice["dllm"]["steps_per_block"]))
             assert shown["commit rule"] == "threshold 0.3 (used)"
+            assert shown["SLO"].startswith("met: ") and choice["dllm"]["slo_met"] is True
 
             # Three blocks of a completion: the pictures for the README.
             fill(page, "completion", **PICTURE)

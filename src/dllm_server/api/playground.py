@@ -63,6 +63,8 @@ class Playground:
             "mask_glyph": MASK_GLYPH,
             "stop_token_ids": list(eng.stop_ids),
             "max_model_len": eng.model_info.max_len if eng.is_ready else None,
+            "threshold_policy": cfg.threshold_policy,       # slo: a request's slo_ms steers its thresholds
+            "default_slo_ms": cfg.default_slo_ms,
             "defaults": {"chat_max_tokens": cfg.default_chat_max_tokens,
                          "completion_max_tokens": cfg.default_completion_max_tokens,
                          "block_length": cfg.block_length, "threshold": cfg.threshold,

@@ -8,7 +8,8 @@ import {CanvasView, drawLegend} from "./view.js";
 
 const $ = id => document.getElementById(id);
 const view = new CanvasView($("canvas"));
-const NUMBER_FIELDS = ["max_tokens", "block_length", "threshold", "steps", "factor", "temperature", "seed"];
+const NUMBER_FIELDS = ["max_tokens", "block_length", "threshold", "steps", "factor", "slo_ms", "temperature",
+                       "seed"];
 let info = null;
 let run = null;             // the request on screen
 let conversation = [];      // chat turns so far: [{role, content}]
@@ -28,6 +29,9 @@ async function loadInfo() {
   $("key-hint").textContent = info.auth_required ? "(required by this server)" : "(not required by this server)";
   if ($("block_length").value === "") $("block_length").value = info.defaults.block_length;
   if ($("threshold").value === "") $("threshold").value = info.defaults.threshold;
+  $("slo-hint").textContent = info.threshold_policy === "slo" ? "(each block's threshold is chosen to meet it)"
+    : "(reported; thresholds are fixed here)";
+  if (info.default_slo_ms !== null) $("slo_ms").placeholder = `server: ${info.default_slo_ms}`;
   if (!info.ready) setTimeout(loadInfo, 2000);
 }
 
@@ -158,10 +162,15 @@ function caption(m, k) {
     + `${f.masked} masked left`;
 }
 
-function rule(p) {
-  if (p.steps !== null && p.steps !== undefined) return `${p.steps} steps`;
-  if (p.factor !== null && p.factor !== undefined) return `factor ${p.factor}`;
-  return `threshold ${p.threshold}`;
+// The commit rule: the request's own steps or factor, else the thresholds the server's decode
+// policy chose (per block: an SLO policy may lower them).
+function commitRule(s) {
+  const b = run.body;
+  if (b.steps) return `${b.steps} steps (fixed)`;
+  if (b.factor) return `factor ${b.factor}`;
+  if (!s) return `threshold ${b.threshold ?? (info ? info.defaults.threshold : "default")} (asked)`;
+  const distinct = [...new Set(s.thresholds)];
+  return (distinct.length === 1 ? `threshold ${distinct[0]}` : `thresholds ${s.thresholds.join(" · ")}`) + " (used)";
 }
 
 function drawNumbers(m, k) {
@@ -169,9 +178,6 @@ function drawNumbers(m, k) {
   const total = counts.reduce((a, b) => a + b, 0);
   const steps = m.stepsPerBlock(k).filter(s => s > 0);
   const s = run.summary;
-  const asked = run.body.steps ? `${run.body.steps} steps` : run.body.factor ? `factor ${run.body.factor}`
-    : `threshold ${run.body.threshold ?? (info ? info.defaults.threshold : "default")}`;
-  const rules = s ? [...new Set(s.block_policies.map(rule))].join(" · ") + " (used)" : asked + " (asked)";
   const ms = t => (t === null ? "–" : `${Math.round(t - run.sentAt)} ms`);
   const end = run.endAt ?? performance.now();
   const rows = [
@@ -181,12 +187,15 @@ function drawNumbers(m, k) {
     ["steps per block", steps.length ? steps.join(" · ") : "–"],
     ["blocks decoded", `${steps.length} of ${m.numBlocks}`],
     ["block length", String(s ? s.block_length : m.blockLength)],
-    ["commit rule", rules],
+    ["commit rule", commitRule(s)],
     ["first forward after", ms(run.firstAt)],
     ["latency", run.state === "running" ? `${((end - run.sentAt) / 1000).toFixed(2)} s so far`
       : `${((end - run.sentAt) / 1000).toFixed(2)} s`],
     ["finish", run.finish || run.state],
   ];
+  if (s && s.slo_ms !== undefined) {
+    rows.push(["SLO", `${s.slo_met ? "met" : "missed"}: ${s.latency_ms} ms for ${s.slo_ms} ms`]);
+  }
   if (run.usage) rows.push(["tokens", `${run.usage.prompt_tokens} prompt · ${run.usage.completion_tokens} answer`]);
   const dl = $("numbers");
   dl.replaceChildren();
