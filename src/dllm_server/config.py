@@ -84,6 +84,8 @@ class ServerConfig:
     keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence")
     shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests")
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
+    playground: bool = _f(True, "serve the web playground (the canvas being denoised, live) at /playground; "
+                          "/ redirects there")
     # --- testing only ---
     causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
     fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")

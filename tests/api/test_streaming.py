@@ -32,6 +32,30 @@ def test_progress_stream_masked_counts_fall_and_canvas_ends_as_text(server):
     assert chunks[-1]["usage"]["completion_tokens"] == 24
 
 
+def test_progress_chunks_name_their_tokens_and_the_final_chunk_sums_up(server):
+    body = {"prompt": [5, 6, 7], "max_tokens": 20, "stream": True, "seed": 4, "temperature": 0.9,
+            "ignore_eos": True, "threshold": 0.5, "stream_options": {"include_progress": True}}
+    chunks = [json.loads(e) for e in sse_events(server, "/v1/completions", body)[:-1]]
+    progress = [c["dllm"] for c in chunks if "dllm" in c]
+    ids = set()
+    for p in progress:
+        assert len(p["positions"]) == len(p["token_ids"]) == len(p["tokens"]) == p["num_committed"]
+        assert (p["block_length"], p["answer_len"]) == (8, 24)          # 20 rounded up to whole blocks
+        ids.update(p["token_ids"])
+    for tid in sorted(ids)[:4]:        # each token's own text, special tokens by name
+        text = httpx.post(server.url + "/detokenize", json={"tokens": [tid]}, timeout=10).json()["prompt"]
+        assert all(t == text for p in progress for i, t in zip(p["token_ids"], p["tokens"]) if i == tid)
+    final = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    summary = final[0]["dllm"]
+    assert summary["forwards"] == len(progress) == sum(summary["steps_per_block"])
+    assert summary["block_length"] == 8 and summary["blocks"] == 3
+    assert summary["thresholds"] == [0.5] * 3
+    plain = httpx.post(server.url + "/v1/completions", json={k: v for k, v in body.items()
+                                                             if k not in ("stream", "stream_options")},
+                       timeout=60).json()["choices"][0]["dllm"]
+    assert plain == summary                                            # same seed, same figures
+
+
 def test_plain_stream_has_no_progress_and_role_comes_with_first_text(server):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16, "stream": True}
     chunks = [json.loads(e) for e in sse_events(server, "/v1/chat/completions", body)[:-1]]

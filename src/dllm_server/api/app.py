@@ -18,6 +18,7 @@ from ..engine.async_engine import AsyncEngine
 from .errors import APIError, error_body, error_response
 from .metrics import Metrics
 from .openapi import openapi_document
+from .playground import Playground
 from .routes import Routes
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
         Route("/detokenize", r.detokenize, methods=["POST"]),
         Route("/openapi.json", lambda request: JSONResponse(doc), methods=["GET"]),
     ]
+    if engine.config.playground:
+        routes += Playground(engine, model_name).routes()
 
     async def api_error(request: Request, exc: APIError):
         return error_response(exc)

@@ -92,12 +92,13 @@ class Routes:
         c = sum(len(o.token_ids) for o in outputs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def _dllm_summary(self, o, req: DiffusionFields) -> dict:
-        """The diffusion side of a finished choice: forwards, blocks, the threshold each block ran
-        with, and (when the request had an SLO, its own or the server's default) whether it met it."""
+    def _dllm_summary(self, o, req: DiffusionFields, handle: RequestHandle) -> dict:
+        """The diffusion side of a finished choice: forwards, blocks, the block width, the threshold
+        each block ran with, and (when the request had an SLO, its own or the server's default)
+        whether it met it."""
         s = o.stats
         out = {"forwards": s.num_forwards, "blocks": s.num_blocks_run, "steps_per_block": s.steps_per_block,
-               "tokens_per_forward": round(o.tokens_per_forward, 4),
+               "tokens_per_forward": round(o.tokens_per_forward, 4), "block_length": handle.block_length,
                "thresholds": [p.threshold for p in s.block_policies]}
         slo_ms = req.slo_ms if req.slo_ms is not None else self.engine.config.default_slo_ms
         if slo_ms is not None and s.latency_s is not None:
@@ -149,7 +150,7 @@ class Routes:
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
-            c["dllm"] = self._dllm_summary(o, req)
+            c["dllm"] = self._dllm_summary(o, req, entries[i])
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": self.model_name, "choices": choices,
@@ -192,17 +193,19 @@ class Routes:
                         continue
                     rest = out.text[sent[i]:] if len(out.text) > sent[i] else ""
                     final = chunk(i, rest, out.finish_reason)
-                    final["choices"][0]["dllm"] = self._dllm_summary(out, req)    # as in a non-streamed choice
+                    final["choices"][0]["dllm"] = self._dllm_summary(out, req, entries[i])   # as a JSON choice
                     yield sse.frame(final)
                     continue
                 if req.include_progress:
-                    d = ev.delta
-                    prompt_len = entries[i].prompt_len
+                    d, e = ev.delta, entries[i]
                     yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
                                      "choices": [], "dllm": {"index": i, "block": d.block_index, "step": d.step,
-                                                             "positions": [p - prompt_len for p in d.positions],
+                                                             "positions": [p - e.prompt_len for p in d.positions],
+                                                             "token_ids": list(d.token_ids), "tokens": ev.tokens,
                                                              "num_committed": len(d.positions),
-                                                             "masked": d.num_masked, "canvas": ev.canvas}})
+                                                             "masked": d.num_masked, "canvas": ev.canvas,
+                                                             "block_length": e.block_length,
+                                                             "answer_len": e.answer_len}})
                 stable = len(ev.text or "") - max(0, hold)     # a stop string may still cut the rest
                 if stable > sent[i]:
                     yield sse.frame(chunk(i, ev.text[sent[i]:stable], None))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..messages import BlockDone, RequestFailed, StepDelta
 from .request_state import GenerationOutput, RequestState
+from .requests import StreamEvent
 from .tokenize import Tokenizer
 
 
@@ -40,6 +41,18 @@ def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
     if run:
         parts.append(tokenizer.decode(run))
     return "".join(parts)
+
+
+def token_texts(token_ids, tokenizer: Tokenizer | None) -> list[str]:
+    """Each token's own text (progress streams: what the committed cells show)."""
+    return [tokenizer.token_text(t) for t in token_ids] if tokenizer is not None else []
+
+
+def progress_event(st: RequestState, delta: StepDelta, tokenizer: Tokenizer | None) -> StreamEvent:
+    """A progress stream's event for one step: the delta, the stable text, the canvas with its
+    masks and each committed token's own text."""
+    return StreamEvent(st.request_id, delta, st.text, canvas_text(st, tokenizer),
+                       token_texts(delta.token_ids, tokenizer))
 
 
 def _stop_hit(st: RequestState, text: str, added: str) -> int:

@@ -23,6 +23,7 @@ class StreamEvent:
     delta: StepDelta | None = None
     text: str | None = None           # the whole stable visible text so far
     canvas: str | None = None         # progress streams: the answer with masks shown
+    tokens: list[str] | None = None   # progress streams: each committed token's own text
     output: GenerationOutput | None = None
 
 
@@ -56,6 +57,15 @@ class RequestHandle:
     @property
     def prompt_len(self) -> int:
         return self._entry.state.prompt_len
+
+    @property
+    def answer_len(self) -> int:
+        """Answer positions on the canvas: max_tokens rounded up to whole blocks."""
+        return self._entry.state.answer_len
+
+    @property
+    def block_length(self) -> int:
+        return self._entry.state.params.block_length
 
     @property
     def arrived_at(self) -> float:

@@ -18,7 +18,7 @@ from ..decoding.params import BlockPolicy
 from ..messages import (Abort, BlockDone, ContinueBlock, HandoffDone, InstallKV, KVSent, LoadReport, PrefillDone,
                         StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
-from .output import advance, canvas_text
+from .output import advance, progress_event
 from .placement import WorkerLoad, keeps_request, pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
 from ..policy.load_model import WorkerLoadModel
@@ -204,7 +204,7 @@ class Scheduler:
                 self.policy.on_block_done(st, msg)
         if isinstance(msg, StepDelta) and outcome.output is None:
             if entry.stream == STREAM_PROGRESS:
-                entry.events.put_nowait(StreamEvent(st.request_id, msg, st.text, canvas_text(st, self.tokenizer)))
+                entry.events.put_nowait(progress_event(st, msg, self.tokenizer))
             elif entry.stream == STREAM_TEXT and outcome.added:
                 entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
         if isinstance(msg, BlockDone):

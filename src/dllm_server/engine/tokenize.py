@@ -1,6 +1,7 @@
 """Tokenizer, chat template and the ids that end an answer (EOS and end-of-turn)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -21,6 +22,8 @@ class Tokenizer:
                 raise ValueError(f"model: cannot load a tokenizer from {folder} ({exc}); pass "
                                  "skip_tokenizer_init=True and token-id prompts") from exc
         self.vocab_size = len(self.hf)
+        # Progress streams name every committed token; a few ids recur, so remember them (bounded).
+        self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=True))
@@ -34,6 +37,11 @@ class Tokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
+
+    def _token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens by name. A byte-level token that is only part of
+        a UTF-8 character decodes to U+FFFD here."""
+        return self.hf.decode([token_id], skip_special_tokens=False)
 
     def end_of_turn_ids(self) -> set[int]:
         ids = set()
