@@ -260,7 +260,7 @@ def build_image(podman: Podman, base: str, index: Path, log_path: Path, dockerfi
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"podman build -f {dockerfile.relative_to(REPO)} exited {proc.returncode}:\n"
-                           + log_path.read_text(errors="replace")[-6000:])
+                           + log_path.read_text(errors="replace")[-4000:])
     return time.monotonic() - start
 
 

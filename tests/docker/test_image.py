@@ -48,23 +48,35 @@ def logs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def image(podman, logs) -> str:
-    """ID of the image built from this checkout (an ID, not the tag, which a concurrent run may move)."""
+def built(podman, logs) -> dict:
+    """Builds the image once: {"id": ...} (an ID, not the tag, which a concurrent run may move) or {"error": ...}."""
     notes: list[str] = []
-    with podmanctx.cache_lock():
-        base, base_s = podmanctx.ensure_stand_in_base(podman, notes.append)
-        index, index_s = podmanctx.ensure_torch_index(notes.append)
-        build_s = podmanctx.build_image(podman, base, index, logs / "build.log")
-        podmanctx.keep_build_cache(podman, base, index)
-        info = podman.inspect("image", podmanctx.TEST_IMAGE)
+    try:
+        with podmanctx.cache_lock():
+            base, base_s = podmanctx.ensure_stand_in_base(podman, notes.append)
+            index, index_s = podmanctx.ensure_torch_index(notes.append)
+            build_s = podmanctx.build_image(podman, base, index, logs / "build.log")
+            podmanctx.keep_build_cache(podman, base, index)
+            info = podman.inspect("image", podmanctx.TEST_IMAGE)
+    except RuntimeError as e:
+        return {"error": str(e)}
+    finally:
+        if notes:
+            print("\n".join(notes))
     top = podmanctx.layer_sizes(podman, info["Id"])[:2]
     podmanctx.METRICS.update({
         "build": f"{build_s:.0f} s" + (f" (+ stand-in base {base_s:.0f} s, torch index {index_s:.0f} s)"
                                         if base_s or index_s else " (base and index cached)"),
         "size": mb(info["Size"]) + " (" + ", ".join(f"{what} {mb(size)}" for size, what in top) + ")",
     })
-    print("\n".join(notes))
-    return info["Id"]
+    return {"id": info["Id"]}
+
+
+@pytest.fixture(scope="module")
+def image(built) -> str:
+    if "error" in built:   # told once, in full, by test_image_builds
+        pytest.fail("the image did not build (see test_image_builds)", pytrace=False)
+    return built["id"]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +97,11 @@ def server(image, podman, logs):
 def client():
     with httpx.Client(trust_env=False, timeout=120) as c:
         yield c
+
+
+def test_image_builds(built):
+    if "error" in built:
+        pytest.fail(built["error"], pytrace=False)
 
 
 def seconds(duration: str) -> float:
