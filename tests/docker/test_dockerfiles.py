@@ -1,6 +1,7 @@
 """Dockerfile structure (pinned bases, non-root, volume, port, health check) and hadolint."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -98,3 +99,35 @@ def test_fallback_parser_agrees_with_buildkit_parser(image):
 
     path = DOCKERFILES[image]
     assert norm(_parse_fallback(path.read_text())) == norm(parse_dockerfile(path))
+
+
+# Instructions that only one image has or that differ on purpose. Every other instruction of the
+# CUDA Dockerfile is also the CPU one's, in the same stage and order, so building the CPU image
+# (test_image.py; the CUDA base and wheels are out of reach here) runs it.
+IMAGE_SPECIFIC = {
+    "cuda": [r"FROM ", r"ARG (CUDA_VERSION|CUDA_FLAVOR|WITH_FLASHINFER)=", r"ARG TORCH_INDEX_URL=",
+             r"ENV DEBIAN_FRONTEND ", r"RUN apt-get update ", r"ENV NVIDIA_", r"RUN extras=", r"HEALTHCHECK "],
+    "cpu": [r"FROM ", r"ARG PYTHON_IMAGE=", r"ARG TORCH_INDEX_URL=", r'RUN pip install --no-cache-dir "\./\[serve\]"$',
+            r"HEALTHCHECK "],
+}
+
+
+def shared_part(image: str, stage) -> list[str]:
+    text = [" ".join(" ".join((i.cmd, *i.flags, *i.value)).split()) for i in stage]
+    return [t for t in text if not any(re.match(p, t) for p in IMAGE_SPECIFIC[image])]
+
+
+def test_shared_instructions_are_identical():
+    cuda, cpu = (stages(parse_dockerfile(DOCKERFILES[i])) for i in ("cuda", "cpu"))
+    # cuda: [global ARGs, base, build, runtime]; cpu: [global ARGs, build, runtime]
+    assert len(cuda) == 4 and len(cpu) == 3
+    assert shared_part("cuda", cuda[0]) == shared_part("cpu", cpu[0]) == []
+    assert shared_part("cuda", cuda[1]) == [], "the CUDA base stage has only CUDA-specific instructions"
+    for role, a, b in (("build", cuda[2], cpu[1]), ("runtime", cuda[3], cpu[2])):
+        assert shared_part("cuda", a) == shared_part("cpu", b), f"{role} stage: keep the shared lines identical"
+        # the health probe is the same; only its timings (start period) differ
+        assert [i.value for i in a if i.cmd == "HEALTHCHECK"] == [i.value for i in b if i.cmd == "HEALTHCHECK"]
+    for image in DOCKERFILES:   # each pattern still names a line (a stale entry would hide drift)
+        text = [" ".join(" ".join((i.cmd, *i.flags, *i.value)).split())
+                for i in parse_dockerfile(DOCKERFILES[image])]
+        assert all(any(re.match(p, t) for t in text) for p in IMAGE_SPECIFIC[image])
