@@ -86,9 +86,25 @@ class ServerConfig:
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
     playground: bool = _f(True, "serve the web playground (the canvas being denoised, live) at /playground; "
                           "/ redirects there")
+    # --- limits and timeouts (docs/reliability.md) ---
+    max_request_body_bytes: int = _f(4 << 20, "largest request body; a bigger one is refused with 413 while it is "
+                                     "read, before any parsing")
+    body_read_timeout_s: float = _f(30.0, "a request body not received in full within this many seconds: 408")
+    max_messages: int = _f(512, "most messages in one chat request")
+    max_stop_strings: int = _f(16, "most stop strings in one request")
+    max_stop_chars: int = _f(256, "longest stop string, in characters")
+    max_prompts_per_request: int = _f(256, "most prompts in one completions request")
+    stream_buffer_events: int = _f(512, "events buffered for one stream whose client lags; beyond it the request "
+                                   "ends with an error (text streams coalesce and never reach it)")
+    stream_stall_timeout_s: float = _f(30.0, "a streaming client that accepts no data for this many seconds is "
+                                       "disconnected and its request aborted (KV freed)")
+    worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "
+                                       "many seconds is killed and treated as dead; 0 turns the watchdog off")
     # --- testing only ---
     causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
     fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")
+    hang_at_forward: int = _f(0, "TEST ONLY: each worker's first process hangs (sleeps forever) in its n-th "
+                              "forward; a restarted one does not (watchdog tests)")
     seed: int = _f(0, "seed for requests that give none")
 
     def __post_init__(self) -> None:
@@ -129,6 +145,17 @@ class ServerConfig:
             bad("max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests}")
         if self.shutdown_timeout_s < 0:
             bad("shutdown_timeout_s", f"must be >= 0, got {self.shutdown_timeout_s}")
+        for name in ("max_request_body_bytes", "max_messages", "max_stop_strings", "max_stop_chars",
+                     "max_prompts_per_request", "stream_buffer_events"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("body_read_timeout_s", "stream_stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                bad(name, f"must be > 0, got {getattr(self, name)}")
+        if self.worker_stall_timeout_s < 0:
+            bad("worker_stall_timeout_s", f"must be >= 0 (0: off), got {self.worker_stall_timeout_s}")
+        if self.hang_at_forward < 0:
+            bad("hang_at_forward", f"must be >= 0, got {self.hang_at_forward}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:
@@ -159,7 +186,7 @@ class ServerConfig:
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
                             self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
-                            self.threshold_policy == "slo" or self.routing == "completion")
+                            self.threshold_policy == "slo" or self.routing == "completion", self.hang_at_forward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +221,7 @@ class WorkerConfig:
     fail_every_n_forwards: int = 0
     step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
     profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
+    hang_at_forward: int = 0           # TEST ONLY: the n-th forward of each worker process never returns
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

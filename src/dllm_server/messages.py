@@ -27,6 +27,7 @@ class WorkerSpec:
     world_size: int           # > 1: join a torch.distributed group for KV transfer
     dist_port: int
     kv_peers: tuple[int, ...] = ()   # workers this one sends KV to or receives KV from
+    restarts: int = 0         # processes this worker id had before this one (test faults fire in the first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,8 @@ class LoadReport:
     policy: WorkerPolicy | None = None   # in effect for that iteration
     decode_keys: int = 0              # key positions the iteration's decodes attended to
     prefill_sq: int = 0               # sum of its prefills' squared canvas lengths (attention cost)
+    busy: bool = False                # work left after this turn: another report follows (the watchdog)
+    messages_handled: int = 0         # inbox messages handled since the worker started (the watchdog)
 
 
 @dataclass(frozen=True, slots=True)

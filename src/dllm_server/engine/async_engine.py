@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
 from ..checkpoint import model_path, read_config
@@ -18,7 +19,7 @@ from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
-from .inputs import check_request, prompt_ids
+from .inputs import check_prompt_chars, check_request, input_chars, prompt_ids
 from .placement import worker_roles
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
@@ -27,10 +28,15 @@ from .request_state import GenerationOutput, RequestState
 from .requests import STREAM_NONE, Entry, RequestHandle, StreamEvent
 from .scheduler import Scheduler
 from .stats import EngineStats, snapshot
+from .stream_buffer import StreamBuffer
 from .tokenize import Tokenizer, stop_token_ids
+from .watchdog import Watchdog
 from .worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
+# Inputs at least this long are tokenized (and chat-templated) on a thread, off the event loop;
+# shorter ones cost less than the hop.
+OFFLOAD_CHARS = 2048
 
 
 class EngineOverloaded(Exception):
@@ -60,13 +66,19 @@ class AsyncEngine:
         self.stop_ids: tuple[int, ...] = ()
         self.started_at = time.monotonic()
         self.started_wall = time.time()
+        # One thread: big prompts queue behind each other, never behind the loop (the Rust
+        # tokenizer releases the GIL; a chat template yields it every switch interval).
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-tokenize")
+        self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
+        self._watch_task: asyncio.Task | None = None
+        self._death_reasons: dict[int, str] = {}     # why the watchdog killed a worker
 
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
         self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
-                               loop, self.scheduler.on_messages, self._on_death)
+                               loop, self._on_messages, self._on_death)
         self.pool.start_all()
         ready = asyncio.ensure_future(self.scheduler.ready_event.wait())
         failed = asyncio.ensure_future(self.scheduler.failed_event.wait())
@@ -77,6 +89,8 @@ class AsyncEngine:
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
         self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
+        if self.watchdog.timeout_s:
+            self._watch_task = asyncio.ensure_future(self._watch())
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
@@ -99,6 +113,9 @@ class AsyncEngine:
         and join every worker."""
         self.draining = True
         await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
 
@@ -128,16 +145,38 @@ class AsyncEngine:
         self.scheduler.set_policy(worker_id, **changes)
 
     def _send(self, wid: int, msg) -> None:
+        self.watchdog.on_sent(wid, time.monotonic())
         self.pool.send(wid, msg)
 
+    def _on_messages(self, wid: int, batch: list) -> None:
+        self.watchdog.on_batch(wid, batch, time.monotonic())
+        self.scheduler.on_messages(wid, batch)
+
+    async def _watch(self) -> None:
+        """Kill a worker that owes a report for longer than worker_stall_timeout_s; its death
+        then takes the path of any death (requests fail, restart or engine dead)."""
+        period = min(1.0, self.watchdog.timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            for wid in self.watchdog.stuck(time.monotonic()):
+                reason = (f"worker {wid} hung: no progress for {self.watchdog.timeout_s:g} s with work in flight "
+                          "(killed by the watchdog)")
+                log.error(reason)
+                self._death_reasons[wid] = reason
+                self.scheduler.counters.worker_hangs += 1
+                self.watchdog.reset(wid)
+                self.pool.kill(wid)
+
     def _on_death(self, wid: int, exitcode) -> None:
-        reason = f"worker {wid} died (exit code {exitcode})"
+        reason = self._death_reasons.pop(wid, None) or f"worker {wid} died (exit code {exitcode})"
         log.error(reason)
         if not self.scheduler.ready_event.is_set():
             self.scheduler.startup_failed(reason)
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart(wid)
+            for i in ids:
+                self.watchdog.reset(i)
             self.scheduler.counters.worker_restarts += 1
             self.scheduler.on_worker_lost(ids, reason)
         else:
@@ -147,14 +186,40 @@ class AsyncEngine:
     # ---- requests ----
     def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
                 request_id: str | None = None) -> RequestState:
-        """Validate and build the request state (ValueError names the field)."""
-        params = params or SamplingParams()
+        """Validate and build the request state (ValueError names the field). Tokenizes on the
+        calling thread; the server uses prepare_async."""
+        self._check_chars(prompt, messages)
+        return self._build(*self._tokenize(prompt, messages), params, request_id)
+
+    async def prepare_async(self, prompt: Any = None, params: SamplingParams | None = None,
+                            messages: list[dict] | None = None, request_id: str | None = None) -> RequestState:
+        """prepare(), with a long input tokenized on the tokenize thread so that it never stalls
+        the event loop (and the other requests on it). The cheap length bound comes first."""
+        chars = self._check_chars(prompt, messages)
+        if chars < OFFLOAD_CHARS:
+            text, ids = self._tokenize(prompt, messages)
+        else:
+            loop = asyncio.get_running_loop()
+            text, ids = await loop.run_in_executor(self.tokenize_pool, self._tokenize, prompt, messages)
+        return self._build(text, ids, params, request_id)
+
+    def _check_chars(self, prompt: Any, messages: list[dict] | None) -> int:
+        chars = input_chars(prompt, messages)
+        if self.tokenizer is not None and self.model_info is not None:
+            check_prompt_chars(chars, self.model_info.max_len, self.tokenizer.max_token_chars,
+                               "messages" if messages is not None else "prompt")
+        return chars
+
+    def _tokenize(self, prompt: Any, messages: list[dict] | None) -> tuple[str | None, list[int]]:
         if messages is not None:
             if self.tokenizer is None:
                 raise ValueError("messages: chat needs a tokenizer (skip_tokenizer_init is set)")
-            text, ids = None, self.tokenizer.apply_chat_template(messages)
-        else:
-            text, ids = prompt_ids(prompt, self.tokenizer)
+            return None, self.tokenizer.apply_chat_template(messages)
+        return prompt_ids(prompt, self.tokenizer)
+
+    def _build(self, text: str | None, ids: list[int], params: SamplingParams | None,
+               request_id: str | None) -> RequestState:
+        params = params or SamplingParams()
         seq = next(self._arrivals)
         resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
         check_request(ids, params, resolved, self.model_info)
@@ -180,13 +245,22 @@ class AsyncEngine:
             raise EngineOverloaded("engine is starting")
         if self.scheduler.requests.num_waiting >= self.config.max_waiting_requests:
             raise EngineOverloaded(f"the request queue is full ({self.config.max_waiting_requests} waiting)")
-        entry = Entry(state, asyncio.Queue(), stream, time.monotonic())
+        rid = state.request_id
+        events = StreamBuffer(self.config.stream_buffer_events, lambda: self._overflowed(rid))
+        entry = Entry(state, events, stream, time.monotonic())
         self.scheduler.add(entry)
         return RequestHandle(entry, self.abort)
 
     def abort(self, request_id: str) -> None:
         if self.scheduler is not None:
             self.scheduler.abort(request_id)
+
+    def _overflowed(self, request_id: str) -> None:
+        """The consumer lets events pile up (a client that does not read): end the request."""
+        if self.scheduler is not None and self.scheduler.requests.get(request_id) is not None:
+            self.scheduler.counters.streams_overflowed += 1
+            self.scheduler.abort(request_id, "error", f"the client is not reading its stream "
+                                 f"({self.config.stream_buffer_events} events buffered)")
 
     async def generate(self, request: RequestState | RequestHandle,
                        stream: str = STREAM_NONE) -> AsyncIterator[StreamEvent]:

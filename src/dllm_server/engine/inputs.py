@@ -27,10 +27,37 @@ def prompt_ids(prompt: Any, tokenizer: Tokenizer | None) -> tuple[str | None, li
     raise ValueError(f"prompt: must be a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
 
+# Unicode normalization (NFC) composes at most 4 code points into one (U+1F82 = alpha + three
+# combining marks), so a normalized text keeps at least a quarter of its characters.
+NFC_MAX_MERGE = 4
+
+
+def input_chars(prompt: Any, messages: list[dict] | None) -> int:
+    """Characters the tokenizer will see, at least: a text prompt's length, or the chat messages'
+    content without the surrounding whitespace that templates trim. 0 for token ids."""
+    if messages is not None:
+        return sum(len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
+    return len(prompt) if isinstance(prompt, str) else 0
+
+
+def check_prompt_chars(num_chars: int, max_len: int, max_token_chars: int, field: str) -> None:
+    """Refuse, before tokenizing it, an input that cannot fit the context whatever it says: no
+    token covers more than `max_token_chars` characters (after normalization)."""
+    limit = max_len * max_token_chars * NFC_MAX_MERGE
+    if num_chars > limit:
+        raise ValueError(f"{field}: {num_chars} characters cannot fit the model context of {max_len} tokens "
+                         f"(this tokenizer needs a token per {max_token_chars} characters at most; the limit is "
+                         f"{limit} characters)")
+
+
 def check_request(ids: list[int], params: SamplingParams, resolved: DecodeParams, args: ModelInfo) -> None:
-    """The prompt ids and the request against the model's limits."""
+    """The prompt ids and the request against the model's limits (the length first: the other
+    checks are linear in it)."""
     if not ids:
         raise ValueError("prompt: must not be empty")
+    if len(ids) >= args.max_len:
+        raise ValueError(f"prompt: {len(ids)} tokens leave no room for an answer: it exceeds the model context "
+                         f"of {args.max_len}")
     bad = [i for i in ids if not 0 <= i < args.vocab_size]
     if bad:
         raise ValueError(f"prompt_token_ids: ids {bad[:5]} are outside the vocabulary [0, {args.vocab_size})")

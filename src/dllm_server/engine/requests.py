@@ -4,7 +4,6 @@ whose events are the visible text as it grows, denoising progress if asked for, 
 output."""
 from __future__ import annotations
 
-import asyncio
 import collections
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ class StreamEvent:
 @dataclass(slots=True)
 class Entry:
     state: RequestState
-    events: asyncio.Queue
+    events: object                     # a StreamBuffer (put_nowait, await get); tests pass an asyncio.Queue
     stream: str
     arrived_at: float
     worker: int | None = None          # worker holding the current block

@@ -65,10 +65,10 @@ class Scheduler:
         self.requests.add(entry)
         self._dispatch(entry, self._block_policy(entry))
 
-    def abort(self, request_id: str, reason: str = "abort") -> None:
+    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
         entry = self.requests.get(request_id)
         if entry is not None:
-            self._finish(entry, entry.state.finish(finish_reason=reason), abort_worker=True)
+            self._finish(entry, entry.state.finish(finish_reason=reason, error=error), abort_worker=True)
 
     def _block_policy(self, entry: Entry, block_index: int | None = None) -> BlockPolicy:
         st = entry.state

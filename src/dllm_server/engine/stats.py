@@ -20,6 +20,8 @@ class Counters:
     prefills_overflowed: int = 0
     blocks_continued: int = 0               # next blocks queued in place (no trip through the router)
     worker_restarts: int = 0
+    worker_hangs: int = 0                   # workers the watchdog killed (no progress with work in flight)
+    streams_overflowed: int = 0             # requests ended because their consumer stopped reading
     canvas_positions: int = 0               # positions fed through the model
 
 

@@ -22,6 +22,9 @@ class Tokenizer:
                 raise ValueError(f"model: cannot load a tokenizer from {folder} ({exc}); pass "
                                  "skip_tokenizer_init=True and token-id prompts") from exc
         self.vocab_size = len(self.hf)
+        # The most characters one token can stand for: a token's string is at least as long as
+        # the text it covers (byte-level: one character per byte; specials match literally).
+        self.max_token_chars = max(1, max(map(len, self.hf.get_vocab()), default=1))
         # Progress streams name every committed token; a few ids recur, so remember them (bounded).
         self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 

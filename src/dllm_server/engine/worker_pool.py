@@ -1,17 +1,19 @@
 """Worker processes: spawn (torch.multiprocessing, spawn context), one inbox and one outbox per
-worker, a reader thread per outbox feeding the asyncio loop, liveness by process state, restart
-and join. Holds no policy: deaths and messages are handed to callbacks on the loop.
+worker, a reader thread per outbox feeding the asyncio loop, liveness by process state (and by
+its sentinel, independently of the outbox), restart and join. Holds no policy: deaths and messages are handed to callbacks on the loop.
 
 This is the front process's one seam to the worker side: the only engine/ or api/ module that
 imports from worker/ (the process entry point it spawns). Everything else crosses as messages."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
@@ -21,6 +23,9 @@ from ..messages import Shutdown, WorkerSpec
 from ..worker.main import worker_main
 
 log = logging.getLogger(__name__)
+# How long a dead worker's reader gets to hand over what the worker sent before dying, before the
+# death is reported without it (the reader is stuck on a message the worker died writing).
+READER_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -29,6 +34,10 @@ class _Slot:
     process: object
     inbox: object
     outbox: object
+    reader: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    death_reported: bool = False        # by a thread (once)
+    dead: bool = False                  # seen on the loop: later batches are dropped
 
 
 class WorkerPool:
@@ -44,6 +53,7 @@ class WorkerPool:
         self.on_death = on_death            # (worker_id, exitcode) on the loop
         self.ctx = mp.get_context("spawn")
         self.slots: dict[int, _Slot] = {}
+        self.starts: dict[int, int] = {}    # processes started per worker id
         self._stopping = False
         # Leave a core to the front process: OpenMP threads that lose their core to it spin at
         # barriers, which on 2 cores made a 2-thread worker 15x slower (bench/http_vs_offline.py).
@@ -63,14 +73,21 @@ class WorkerPool:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid], self.threads, self.model_path,
-                          len(self.roles) if self.uses_process_group else 1, port, peers)
+                          len(self.roles) if self.uses_process_group else 1, port, peers, self.starts.get(wid, 0))
+        self.starts[wid] = self.starts.get(wid, 0) + 1
         inbox, outbox = self.ctx.Queue(), self.ctx.Queue()
         proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox),
                                 name=f"dllm-worker-{wid}", daemon=True)
         proc.start()
         slot = _Slot(spec, proc, inbox, outbox)
         self.slots[wid] = slot
-        threading.Thread(target=self._read, args=(slot,), name=f"dllm-outbox-{wid}", daemon=True).start()
+        self._monitor(slot)
+
+    def _monitor(self, slot: _Slot) -> None:
+        wid = slot.spec.worker_id
+        slot.reader = threading.Thread(target=self._read, args=(slot,), name=f"dllm-outbox-{wid}", daemon=True)
+        slot.reader.start()
+        threading.Thread(target=self._watch, args=(slot,), name=f"dllm-sentinel-{wid}", daemon=True).start()
 
     def restart(self, wid: int) -> list[int]:
         """Restart one worker, or all of them when they share a torch.distributed group (a
@@ -83,6 +100,10 @@ class WorkerPool:
             self._start(i, port)
         return ids
 
+    def kill(self, wid: int) -> None:
+        """SIGKILL one worker (a hung one); its outbox reader reports the death as for any other."""
+        self.slots[wid].process.kill()
+
     def send(self, wid: int, msg) -> None:
         self.slots[wid].inbox.put(msg)
 
@@ -90,21 +111,55 @@ class WorkerPool:
         return self.slots[wid].process.pid
 
     def _read(self, slot: _Slot) -> None:
-        """Forward a worker's batches to the loop; report its death within ~0.1 s."""
-        wid = slot.spec.worker_id
+        """Forward a worker's batches to the loop; once it is dead and its outbox empty, report
+        the death (after everything it sent, within ~0.1 s)."""
         while True:
             try:
                 batch = slot.outbox.get(timeout=0.1)
             except queue.Empty:
                 if not slot.process.is_alive():
-                    if not self._stopping and self.slots.get(wid) is slot:
-                        self.loop.call_soon_threadsafe(self.on_death, wid, slot.process.exitcode)
+                    self._report_death(slot)
                     return
                 continue
-            except (EOFError, OSError):
+            except (EOFError, OSError):      # the outbox was closed: the watcher reports any death
                 return
-            if self.slots.get(wid) is slot:
-                self.loop.call_soon_threadsafe(self.on_messages, wid, batch)
+            self._post(self._deliver, slot, batch)
+
+    def _watch(self, slot: _Slot) -> None:
+        """The death as the kernel reports it (the process sentinel), whatever the outbox does: a
+        worker killed in the middle of writing a message leaves the reader blocked on the rest of
+        it forever (the front holds the pipe's write end too, so no EOF comes). The reader gets
+        READER_GRACE_S to report the death in order; if it has not, the death is reported here and
+        whatever the reader still gets is dropped."""
+        wait([slot.process.sentinel])
+        slot.reader.join(READER_GRACE_S)
+        if slot.reader.is_alive() and not self._stopping:
+            log.error("worker %d died, its outbox reader is stuck (a message half-written?)", slot.spec.worker_id)
+        self._report_death(slot)
+
+    def _report_death(self, slot: _Slot) -> None:
+        """From the reader or the watcher thread, whichever is first; once per process."""
+        with slot.lock:
+            if slot.death_reported:
+                return
+            slot.death_reported = True
+        if not self._stopping:
+            self._post(self._died, slot)
+
+    def _post(self, fn, *args) -> None:
+        with contextlib.suppress(RuntimeError):     # the loop is closed: nobody to tell
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # On the loop, where restarts happen: whether `slot` is still the worker's current process is
+    # decided here, so a process killed by a restart is never reported as a new death.
+    def _deliver(self, slot: _Slot, batch: list) -> None:
+        if not slot.dead and self.slots.get(slot.spec.worker_id) is slot:
+            self.on_messages(slot.spec.worker_id, batch)
+
+    def _died(self, slot: _Slot) -> None:
+        slot.dead = True
+        if not self._stopping and self.slots.get(slot.spec.worker_id) is slot:
+            self.on_death(slot.spec.worker_id, slot.process.exitcode)
 
     def _kill(self, slot: _Slot) -> None:
         if slot.process.is_alive():

@@ -209,12 +209,13 @@ class WorkerCore:
     def outstanding_prefill_tokens(self) -> int:
         return sum(self.tasks[rid].canvas.numel() for _, _, rid in self.waiting)
 
-    def load_report(self, worker_id: int, num_iterations: int, iteration_s: float) -> LoadReport:
+    def load_report(self, worker_id: int, num_iterations: int, iteration_s: float,
+                    messages_handled: int = 0) -> LoadReport:
         last = self.last
         return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_free_pages,
                           self.deficit_tokens, last.prefill_tokens + last.decode_tokens, num_iterations,
                           iteration_s, last.forward_s, last.prefill_tokens, last.num_prefills, self.policy,
-                          last.decode_keys, last.prefill_sq)
+                          last.decode_keys, last.prefill_sq, self.has_work, messages_handled)
 
     # ---- one iteration ----
     def step(self) -> list:
@@ -246,6 +247,8 @@ class WorkerCore:
             n = self.config.fail_every_n_forwards
             if n and self.num_forwards % n == 0:
                 raise RuntimeError("injected failure (fail_every_n_forwards)")
+            if self.num_forwards == self.config.hang_at_forward:
+                _hang_forever()
             result = self.stepper.run(prefills, decodes, self.handoffs.layer_done if streamed else None)
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
@@ -323,3 +326,10 @@ class WorkerCore:
         del self.tasks[t.request_id]
         self.pool.free(t.request_id)
         return done
+
+
+def _hang_forever() -> None:
+    """TEST ONLY (hang_at_forward): a forward that never returns, as a wedged device would."""
+    log.warning("hang_at_forward: this worker now hangs")
+    while True:
+        time.sleep(3600)

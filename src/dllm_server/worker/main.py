@@ -3,6 +3,7 @@ hand each message to the core (one dispatch), collect finished KV transfers, run
 when there is work, and send the turn's messages in one put. Policy lives in the core."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -19,17 +20,20 @@ from ..messages import Shutdown, WorkerFailed, WorkerReady, WorkerSpec
 from .build import build_core, startup_profile
 from .kv_transfer import connect_peers
 
+HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not
+
 
 def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     # The front process owns our lifecycle (Shutdown message, then kill): a Ctrl-C or SIGTERM
     # sent to the whole process group must not kill workers under a draining server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = _die_with_parent()
     # A spawned process starts with logging unconfigured, which drops INFO (the CUDA graph
     # capture summary) from the server's log; same format as the front's.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        _run(spec, config, inbox, outbox)
+        _run(spec, config, inbox, outbox, parent)
     except Exception:
         outbox.put([WorkerFailed(spec.worker_id, traceback.format_exc())])
         sys.exit(1)
@@ -38,7 +42,27 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
             dist.destroy_process_group()
 
 
-def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
+def _die_with_parent() -> int:
+    """Ask the kernel to SIGKILL us when the front process dies (Linux), even in the middle of a
+    forward: a SIGKILLed front cannot stop us and must not leave a worker holding a device.
+    Returns the parent's pid; the pump also compares it every turn (other platforms)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:       # it died before the request took effect
+        os._exit(1)
+    return parent
+
+
+def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> None:
+    if spec.restarts and config.hang_at_forward:     # the injected hang is a one-off: a restart recovers
+        config = dataclasses.replace(config, hang_at_forward=0)
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
     if device.type == "cuda":
@@ -52,27 +76,31 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put)
     profile = startup_profile(core, info)
     outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile)])
-    iterations = 0
-    parent = os.getppid()
+    iterations = handled = 0
+    last_put = time.perf_counter()
     while True:
         turn_start = time.perf_counter()
-        idle = not core.has_work and not core.transfers_pending
-        if idle and os.getppid() != parent:    # the front died without stopping us
+        if os.getppid() != parent:    # the front died without stopping us (a cheap syscall per turn)
             return
+        idle = not core.has_work and not core.transfers_pending
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         out: list = []
         for m in msgs:
             if isinstance(m, Shutdown):
                 return
             out += core.handle(m)
+        handled += len(msgs)
         out += core.poll_transfers()
         if core.has_work:
             out += core.step()
             iterations += 1
-        if out or msgs:
-            # The turn's time covers inbox, step and building the batch; the put is the last act.
-            out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start))
+        # Every turn that took a message reports, and a worker with work (even one stalled for
+        # pages) reports at least every HEARTBEAT_S: the front's watchdog counts on both. The
+        # turn's time covers inbox, step and building the batch; the put is the last act.
+        if out or msgs or (core.has_work and turn_start - last_put > HEARTBEAT_S):
+            out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start, handled))
             outbox.put(out)
+            last_put = time.perf_counter()
 
 
 def _drain(inbox, timeout: float) -> list:
