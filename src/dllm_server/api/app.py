@@ -85,15 +85,21 @@ def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
     if engine.config.playground:
         routes += Playground(engine, model_name).routes()
 
+    def count(code: int) -> None:
+        metrics.error_responses.labels(model_name, str(code)).inc()
+
     async def api_error(request: Request, exc: APIError):
+        count(exc.status)
         return error_response(exc)
 
     async def http_error(request: Request, exc: HTTPException):
+        count(exc.status_code)
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
+        count(500)
         return JSONResponse(error_body(500, "internal server error"), status_code=500)
 
     origins = [o.strip() for o in engine.config.allowed_origins.split(",") if o.strip()]

@@ -6,7 +6,7 @@ import re
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError",
          413: "BadRequestError", 500: "InternalServerError", 501: "NotImplementedError",
          503: "ServiceUnavailableError"}
 

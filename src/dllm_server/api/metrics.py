@@ -45,6 +45,12 @@ class EngineCollector:
                                     labels=labels)
         tick_s = CounterMetricFamily("dllm:scheduler_tick_seconds", "front-loop seconds spent handling them",
                                      labels=labels)
+        restarts = CounterMetricFamily("dllm:worker_restarts", "worker deaths the engine restarted from",
+                                       labels=labels)
+        hangs = CounterMetricFamily("dllm:worker_hangs", "workers the watchdog killed: no progress with work in "
+                                    "flight for worker_stall_timeout_s", labels=labels)
+        overflowed = CounterMetricFamily("dllm:streams_overflowed", "requests ended because their consumer let "
+                                         "stream_buffer_events events pile up", labels=labels)
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
@@ -67,6 +73,9 @@ class EngineCollector:
             handoffs.add_metric(m, c.kv_handoffs)
             stall.add_metric(m, c.kv_handoff_stall_seconds)
             continued.add_metric(m, c.blocks_continued)
+            restarts.add_metric(m, c.worker_restarts)
+            hangs.add_metric(m, c.worker_hangs)
+            overflowed.add_metric(m, c.streams_overflowed)
             canvas.add_metric(m, c.canvas_positions)
             canvas_v.add_metric(m, c.canvas_positions)
             ticks.add_metric(m, s.ticks)
@@ -80,7 +89,7 @@ class EngineCollector:
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, xfer_b, xfer_s, handoffs, stall,
-                    continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v)
+                    continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed)
 
 
 class Metrics:
@@ -109,6 +118,10 @@ class Metrics:
         self.committed = Counter("dllm:committed_tokens", "positions committed", m, registry=r)
         self.v_steps = Counter("vllm:diffusion_num_denoising_steps", "denoising steps", m, registry=r)
         self.v_committed = Counter("vllm:diffusion_num_committed_tokens", "committed tokens", m, registry=r)
+        self.error_responses = Counter("dllm:error_responses", "error responses sent before any generation output "
+                                       "(invalid 400, too large 413, overloaded 503, ...)", m + ["code"], registry=r)
+        self.streams_stalled = Counter("dllm:streams_stalled", "streams dropped because the client read nothing for "
+                                       "stream_stall_timeout_s", m, registry=r)
         r.register(EngineCollector(engine, model_name))
 
     def observe_finished(self, output, arrived_at: float, first_step_at: float | None,

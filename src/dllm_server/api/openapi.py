@@ -17,6 +17,7 @@ def _post(model: str, summary: str, stream: bool) -> dict:
     err = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     responses = {"200": {"description": "OK", "content": ok}}
     for code, text in (("400", "invalid request"), ("401", "bad API key"), ("404", "unknown model"),
+                       ("408", "body not received in time"), ("413", "body over the size limit"),
                        ("500", "engine failure"), ("503", "overloaded, starting or draining")):
         responses[code] = {"description": text, "content": err}
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {

@@ -36,7 +36,8 @@ class DiffusionFields(OpenAIModel):
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(max_length=16)], None] = None
+    stop: Union[NonEmptyStr, list[NonEmptyStr], None] = Field(None, description="a stop string or a list; their "
+                                                              "number and length are capped by the server's limits")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")

@@ -3,24 +3,25 @@ tokenize / detokenize. Validation and tokenisation happen before any response is
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from .. import __version__
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
 from ..engine.requests import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT, RequestHandle
 from . import sse
-from .errors import APIError, from_validation_error, from_value_error
+from .body import Limits, check_limits, parse_body, read_body
+from .errors import APIError, from_value_error
 from .metrics import Metrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DiffusionFields,
                        TokenizeMessages, TokenizeRequest)
+from .stream_guard import GuardedStreamingResponse
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +31,13 @@ class Routes:
         self.engine = engine
         self.model_name = model_name
         self.metrics = metrics
+        self.limits = Limits.from_config(engine.config)
         self._probe: asyncio.Future | None = None
 
     # ---- helpers ----
     async def _parse(self, request: Request, model: type[BaseModel]):
-        body = await request.body()
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise APIError(400, "request body is not valid JSON")
-        if not isinstance(data, dict):
-            raise APIError(400, "request body must be a JSON object")
-        try:
-            req = model.model_validate_json(body)
-        except ValidationError as exc:
-            raise from_validation_error(exc)
+        req = parse_body(await read_body(request, self.limits), model)
+        check_limits(req.root if isinstance(req, RootModel) else req, self.limits)
         ignored = req.ignored_fields()
         if ignored:
             log.info("ignoring unknown request fields: %s", ", ".join(ignored))
@@ -60,8 +53,8 @@ class Routes:
         if not self.engine.is_ready:
             raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
 
-    def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
-                chat: bool) -> list[RequestHandle]:
+    async def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
+                      chat: bool) -> list[RequestHandle]:
         self._check_serving()
         try:
             params = req.sampling_params(default_max)
@@ -69,9 +62,9 @@ class Routes:
             for i, p in enumerate(prompts):
                 rid = f"{request_id}-{i}" if len(prompts) > 1 else request_id
                 if chat:
-                    states.append(self.engine.prepare(params=params, messages=p, request_id=rid))
+                    states.append(await self.engine.prepare_async(params=params, messages=p, request_id=rid))
                 else:
-                    states.append(self.engine.prepare(p, params, request_id=rid))
+                    states.append(await self.engine.prepare_async(p, params, request_id=rid))
         except ValueError as exc:
             raise from_value_error(exc)
         stream = STREAM_PROGRESS if req.include_progress else STREAM_TEXT if req.stream else STREAM_NONE
@@ -116,14 +109,14 @@ class Routes:
         req = await self._parse(request, ChatCompletionRequest)
         messages = [m.as_template_message() for m in req.messages]
         rid = "chatcmpl-" + request.state.request_id
-        entries = self._submit([messages], req, self.engine.config.default_chat_max_tokens, rid, chat=True)
+        entries = await self._submit([messages], req, self.engine.config.default_chat_max_tokens, rid, chat=True)
         return await self._respond(request, req, entries, rid, chat=True)
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
         rid = "cmpl-" + request.state.request_id
-        entries = self._submit(req.prompts(), req, self.engine.config.default_completion_max_tokens, rid,
-                               chat=False)
+        entries = await self._submit(req.prompts(), req, self.engine.config.default_completion_max_tokens, rid,
+                                     chat=False)
         return await self._respond(request, req, entries, rid, chat=False)
 
     async def _respond(self, request: Request, req: DiffusionFields, entries: list[RequestHandle], rid: str,
@@ -132,8 +125,14 @@ class Routes:
         if req.stream:
             body = sse.with_keep_alive(self._stream(req, entries, rid, created, chat),
                                        self.engine.config.keep_alive_s)
-            return StreamingResponse(body, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+            def stalled() -> None:          # the client stopped reading: free its KV now
+                self.metrics.streams_stalled.labels(self.model_name).inc()
+                for e in entries:
+                    e.abort()
+            return GuardedStreamingResponse(body, self.engine.config.stream_stall_timeout_s, stalled,
+                                            media_type="text/event-stream",
+                                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         outputs = await _until_disconnect(request, self._collect(entries, req))
         if outputs is None:            # the client went away: its requests are aborted
             return Response(status_code=499)
@@ -259,11 +258,13 @@ class Routes:
     async def tokenize(self, request: Request) -> Response:
         req = await self._parse(request, TokenizeRequest)
         tok = self._tokenizer()
-        try:
+
+        def run() -> list[int]:
             if isinstance(req.root, TokenizeMessages):
-                ids = tok.apply_chat_template([m.as_template_message() for m in req.root.messages])
-            else:
-                ids = tok.encode(req.root.prompt)
+                return tok.apply_chat_template([m.as_template_message() for m in req.root.messages])
+            return tok.encode(req.root.prompt)
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(self.engine.tokenize_pool, run)
         except ValueError as exc:
             raise from_value_error(exc)
         max_len = self.engine.model_info.max_len if self.engine.is_ready else None
@@ -289,7 +290,9 @@ async def _merge(gens):
         async for item in gens[0]:
             yield 0, item
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    # Bounded: a pump that gets ahead waits, so a slow client's events stay in the requests' own
+    # (bounded) buffers instead of piling up here.
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(gens))
     done = object()
 
     async def pump(i, g):

@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import time
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
 from .app import build_app
+from .stream_guard import ABORT_CONNECTION
 
 log = logging.getLogger("dllm_server")
 
@@ -43,6 +46,24 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+class DroppableH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, plus a way for a request to drop its connection at once (a stalled
+    SSE client, api/stream_guard.py): its transport's abort, in every request's scope state."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.app_state = {**self.app_state, ABORT_CONNECTION: transport.abort}
+
+
+def _raise_open_files_limit() -> None:
+    """Every connection is a file descriptor: take the hard limit, so a burst of connections
+    is not refused at a soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 STATS_INTERVAL_S = 10.0
 
 
@@ -59,6 +80,7 @@ def _log_stats(engine: AsyncEngine, interval_s: float, last_positions: int) -> i
 
 def run_server(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _raise_open_files_limit()
     engine = AsyncEngine(config)
     model_name = config.served_model_name or Path(engine.path).name
     exit_code = {"code": 0}
@@ -97,7 +119,7 @@ def run_server(config: ServerConfig) -> int:
             log.info("all workers stopped")
 
     app = build_app(engine, model_name, lifespan=lifespan)
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", http=DroppableH11Protocol,
                                timeout_graceful_shutdown=5, access_log=False)
     server = DrainingServer(uv_config, engine, config.shutdown_timeout_s)
     server.run()
