@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test serve bench bench-smoke clean
+.PHONY: install test soak serve bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The reliability suite's long form: a 10-minute soak on the demo model, then the rest of the
+# suite; every figure is printed and written to reliability.json (docs/reliability.md).
+soak: $(STAMP)
+	DLLM_SOAK_S=600 DLLM_RELIABILITY_JSON=reliability.json $(PY) -m pytest -q -p no:cacheprovider tests/reliability
 
 serve: $(STAMP)
 	$(VENV)/bin/dllm-server serve

@@ -96,6 +96,9 @@ class ServerConfig:
     max_prompts_per_request: int = _f(256, "most prompts in one completions request")
     stream_buffer_events: int = _f(512, "events buffered for one stream whose client lags; beyond it the request "
                                    "ends with an error (text streams coalesce and never reach it)")
+    socket_send_buffer_bytes: int = _f(256 << 10, "kernel send buffer of each client connection (SO_SNDBUF; 0: "
+                                       "autotuned, up to megabytes): what a client that stops reading can leave "
+                                       "queued in the kernel before its stream stalls")
     stream_stall_timeout_s: float = _f(30.0, "a streaming client that accepts no data for this many seconds is "
                                        "disconnected and its request aborted (KV freed)")
     worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "
@@ -152,6 +155,8 @@ class ServerConfig:
         for name in ("body_read_timeout_s", "stream_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 bad(name, f"must be > 0, got {getattr(self, name)}")
+        if self.socket_send_buffer_bytes < 0:
+            bad("socket_send_buffer_bytes", f"must be >= 0 (0: autotuned), got {self.socket_send_buffer_bytes}")
         if self.worker_stall_timeout_s < 0:
             bad("worker_stall_timeout_s", f"must be >= 0 (0: off), got {self.worker_stall_timeout_s}")
         if self.hang_at_forward < 0:

@@ -53,6 +53,14 @@ class Routes:
         if not self.engine.is_ready:
             raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
 
+    def _check_admission(self) -> None:
+        """Before the body is parsed or tokenized: under overload a refusal must cost next to
+        nothing, or the refusals themselves keep the front too busy to accept connections."""
+        self._check_serving()
+        if self.engine.queue_full:
+            raise APIError(503, f"the request queue is full ({self.engine.config.max_waiting_requests} waiting)",
+                           headers={"Retry-After": "2"})
+
     async def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
                       chat: bool) -> list[RequestHandle]:
         self._check_serving()
@@ -106,6 +114,7 @@ class Routes:
 
     # ---- generation endpoints ----
     async def chat_completions(self, request: Request) -> Response:
+        self._check_admission()
         req = await self._parse(request, ChatCompletionRequest)
         messages = [m.as_template_message() for m in req.messages]
         rid = "chatcmpl-" + request.state.request_id
@@ -113,6 +122,7 @@ class Routes:
         return await self._respond(request, req, entries, rid, chat=True)
 
     async def completions(self, request: Request) -> Response:
+        self._check_admission()
         req = await self._parse(request, CompletionRequest)
         rid = "cmpl-" + request.state.request_id
         entries = await self._submit(req.prompts(), req, self.engine.config.default_completion_max_tokens, rid,

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import socket
 import time
 from pathlib import Path
 
@@ -48,11 +49,19 @@ class DrainingServer(uvicorn.Server):
 
 class DroppableH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, plus a way for a request to drop its connection at once (a stalled
-    SSE client, api/stream_guard.py): its transport's abort, in every request's scope state."""
+    SSE client, api/stream_guard.py): its transport's abort, in every request's scope state; and
+    a fixed kernel send buffer, so that a client that stops reading backs up into the server's
+    writes after at most that much (autotuning lets it grow to megabytes, which a whole stream
+    fits in: the stall would never show)."""
+    send_buffer_bytes = 0           # 0: the kernel's default (autotuned)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.app_state = {**self.app_state, ABORT_CONNECTION: transport.abort}
+        sock = transport.get_extra_info("socket")
+        if self.send_buffer_bytes and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
 
 
 def _raise_open_files_limit() -> None:
@@ -119,7 +128,8 @@ def run_server(config: ServerConfig) -> int:
             log.info("all workers stopped")
 
     app = build_app(engine, model_name, lifespan=lifespan)
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", http=DroppableH11Protocol,
+    protocol = type("ServerProtocol", (DroppableH11Protocol,), {"send_buffer_bytes": config.socket_send_buffer_bytes})
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", http=protocol,
                                timeout_graceful_shutdown=5, access_log=False)
     server = DrainingServer(uv_config, engine, config.shutdown_timeout_s)
     server.run()

@@ -243,7 +243,7 @@ class AsyncEngine:
             raise EngineOverloaded("server is shutting down")
         if not self.is_ready:
             raise EngineOverloaded("engine is starting")
-        if self.scheduler.requests.num_waiting >= self.config.max_waiting_requests:
+        if self.queue_full:
             raise EngineOverloaded(f"the request queue is full ({self.config.max_waiting_requests} waiting)")
         rid = state.request_id
         events = StreamBuffer(self.config.stream_buffer_events, lambda: self._overflowed(rid))
@@ -254,6 +254,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         if self.scheduler is not None:
             self.scheduler.abort(request_id)
+
+    @property
+    def queue_full(self) -> bool:
+        return self.scheduler is not None and self.scheduler.requests.num_waiting >= self.config.max_waiting_requests
 
     def _overflowed(self, request_id: str) -> None:
         """The consumer lets events pile up (a client that does not read): end the request."""

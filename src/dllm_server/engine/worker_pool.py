@@ -1,6 +1,7 @@
 """Worker processes: spawn (torch.multiprocessing, spawn context), one inbox and one outbox per
 worker, a reader thread per outbox feeding the asyncio loop, liveness by process state (and by
-its sentinel, independently of the outbox), restart and join. Holds no policy: deaths and messages are handed to callbacks on the loop.
+its sentinel, independently of the outbox), restart and join. Holds no policy: deaths and
+messages are handed to callbacks on the loop.
 
 This is the front process's one seam to the worker side: the only engine/ or api/ module that
 imports from worker/ (the process entry point it spawns). Everything else crosses as messages."""

@@ -1,0 +1,112 @@
+"""Slow and stuck clients: a streaming client that stops reading is dropped after the stall
+timeout and its request aborted (KV freed); 20 of them cost the other streams no more than 20
+readers would; a body that never arrives is a 408."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from .conftest import start
+from .tools import Probe, dumps, metrics, ms, quiet, raw_request, read_response, wait_for
+
+STALL_S = 3.0
+# One token per forward, long canvases in every progress chunk: megabytes of output, which fill
+# the socket buffers of a client that reads nothing.
+HEAVY = {"prompt": [5, 6, 7], "max_tokens": 768, "steps": 768, "block_length": 256, "ignore_eos": True,
+         "stream": True, "stream_options": {"include_progress": True}}
+SHORT = {"prompt": "Good morrow", "max_tokens": 8, "block_length": 8}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llada, tmp_path_factory):
+    # A big event buffer, so that the stall timeout (not the buffer cap) is what ends them here.
+    s = start(tiny_llada, "--block-length", "8", "--stream-stall-timeout-s", str(STALL_S),
+              "--stream-buffer-events", "100000", "--body-read-timeout-s", "1",
+              tmp_path=tmp_path_factory.mktemp("slow"))
+    yield s
+    s.stop()
+
+
+def _stalled(url: str, n: int) -> list[socket.socket]:
+    return [raw_request(url, "/v1/completions", dumps(HEAVY), rcvbuf=4096) for _ in range(n)]
+
+
+def _reading(url: str, n: int) -> list[threading.Thread]:
+    def read():
+        with httpx.stream("POST", url + "/v1/completions", json=HEAVY, timeout=120, trust_env=False) as r:
+            for _ in r.iter_bytes():
+                pass
+    threads = [threading.Thread(target=read, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_a_client_that_never_reads_is_dropped_and_its_kv_freed(server, figures):
+    before = metrics(server.url).get("dllm:streams_stalled_total", 0)
+    t0 = time.monotonic()
+    [sock] = _stalled(server.url, 1)
+    assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] == 1, 10)
+    assert wait_for(lambda: metrics(server.url).get("dllm:streams_stalled_total", 0) == before + 1, STALL_S + 20)
+    dropped = time.monotonic() - t0
+    assert quiet(server.url, 10)
+    sock.settimeout(10)
+    received, closed = 0, False
+    try:
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+        closed = True
+    except ConnectionResetError:
+        closed = True
+    sock.close()
+    figures("client that never reads", stall_timeout_s=STALL_S, dropped_after_s=round(dropped, 2),
+            bytes_it_could_still_read=received)
+    assert closed and dropped < STALL_S + 15
+
+
+def test_other_streams_with_and_without_20_stalled_readers(server, figures):
+    """p99 of short streams: alone; beside 20 streams that read; beside 20 that never read (in
+    their stall window, then after they were dropped)."""
+    def probe_for(seconds: float) -> list[float]:
+        with Probe(server.url, SHORT, stream=True) as p:
+            time.sleep(seconds)
+        assert set(p.statuses()) == {200}
+        return [lat for _, lat, _ in p.samples]
+
+    alone = probe_for(4)
+    threads = _reading(server.url, 20)
+    assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 20)
+    readers = probe_for(STALL_S - 0.5)
+    for t in threads:
+        t.join(120)
+    assert quiet(server.url, 30)
+    stalled_before = metrics(server.url).get("dllm:streams_stalled_total", 0)
+    socks = _stalled(server.url, 20)
+    assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 20)
+    stalled = probe_for(STALL_S - 0.5)
+    assert wait_for(lambda: metrics(server.url)["dllm:streams_stalled_total"] >= stalled_before + 20, 30)
+    assert quiet(server.url, 20)
+    after = probe_for(4)
+    for s in socks:
+        s.close()
+    figures("short streams beside 20 others", alone=ms(alone), beside_20_readers=ms(readers),
+            beside_20_stalled_readers=ms(stalled), after_the_20_were_dropped=ms(after))
+    assert ms(after)["p99_ms"] <= 2 * ms(alone)["p99_ms"] + 20
+    assert ms(stalled)["p99_ms"] <= 1.5 * ms(readers)["p99_ms"] + 50
+
+
+def test_a_body_that_never_arrives_is_a_408(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+    t0 = time.monotonic()
+    status, body = read_response(s)
+    s.close()
+    assert status == 408 and json.loads(body)["error"]["code"] == 408
+    assert time.monotonic() - t0 < 5

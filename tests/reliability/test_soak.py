@@ -1,0 +1,93 @@
+"""Soak and overload on one server. Its capacity is measured first (the load generator's search);
+the soak then sends mixed traffic (streams, JSON, streams cancelled mid-way, malformed bodies,
+over-long prompts) at 70 % of it for DLLM_SOAK_S seconds (60 here; `make soak`: 600, on the demo
+model), and the overload 10x capacity for 30 s. Figures: outcomes, 5xx, what is left in flight
+and in the KV pool after, RSS growth after warm-up, refusals, recovery time."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from .conftest import start
+from .tools import PROBE, metrics, quiet, unloaded
+from .traffic import MemorySampler, measure_capacity, mixed_traffic, recovery_s, tally
+
+SOAK_S = float(os.environ.get("DLLM_SOAK_S", "60"))
+LONG = SOAK_S > 120
+OVERLOAD_S = 30.0
+QUEUE_CAP = 32
+
+
+@pytest.fixture(scope="module")
+def soaked(tiny_llada, tmp_path_factory):
+    """The server (the demo model for the long form, the tiny random checkpoint in CI) and its
+    capacity, measured."""
+    name = os.environ.get("DLLM_SOAK_MODEL", "demo" if LONG else "tiny")
+    s = start(None if name == "demo" else tiny_llada, "--max-waiting-requests", str(QUEUE_CAP),
+              tmp_path=tmp_path_factory.mktemp("soak"))
+    base = unloaded(s.url, body={**PROBE, "max_tokens": 32, "ignore_eos": True})
+    cap = asyncio.run(measure_capacity(s.url, base, requests=48 if LONG else 24))
+    yield s, base, cap, name
+    s.stop()
+
+
+@pytest.mark.timeout(SOAK_S + 300)
+def test_soak_mixed_traffic_at_70_percent_of_capacity(soaked, figures):
+    s, base, cap, name = soaked
+    rate = 0.7 * cap["capacity_req_s"]
+    warmup_s = min(60.0, SOAK_S / 4)
+    t0 = time.monotonic()
+    with MemorySampler(s.pid, every_s=2.0 if LONG else 1.0) as mem:
+        outcomes = asyncio.run(mixed_traffic(s.url, rate, SOAK_S))
+        assert quiet(s.url, 60), metrics(s.url)
+    m = metrics(s.url)
+    fives = [o for o in outcomes if o.is_5xx]
+    figures("capacity", model=name, unloaded_ms=round(1e3 * base, 1), **cap)
+    figures("soak", duration_s=SOAK_S, wall_s=round(time.monotonic() - t0, 1), rate_req_s=round(rate, 2),
+            requests=len(outcomes), outcomes=tally(outcomes), five_xx=len(fives),
+            kv_cache_usage_after=m["dllm:kv_cache_usage_perc"], running_after=m["dllm:num_requests_running"],
+            waiting_after=m["dllm:num_requests_waiting"], warmup_s=warmup_s, **mem.growth(warmup_s),
+            rss_goal_pct=5, transport_errors=sum(1 for o in outcomes if o.status == 0))
+    assert not fives, [(o.label, o.error) for o in fives[:5]]
+    for o in outcomes:
+        if o.kind in ("stream", "json"):
+            assert o.status == 200 and o.finish in ("stop", "length"), (o.label, o.error)
+        elif o.kind == "cancel":
+            assert o.status == 200, (o.label, o.error)
+        else:
+            assert 400 <= o.status < 500, (o.label, o.error)
+    assert m["dllm:kv_cache_usage_perc"] == 0 and m["dllm:num_requests_running"] == 0
+
+
+@pytest.mark.timeout(OVERLOAD_S + 240)
+def test_overload_at_10x_capacity(soaked, figures):
+    s, base, cap, _ = soaked
+    rate = 10 * cap["capacity_req_s"]
+    with MemorySampler(s.pid, every_s=0.5) as mem:
+        outcomes, recovered = asyncio.run(_overload(s.url, rate, base))
+    refused = [o for o in outcomes if o.status == 503]
+    admitted = [o for o in outcomes if o.status == 200]
+    before, peak = mem.samples[0][1], max(x[1] for x in mem.samples)
+    figures("overload", rate_req_s=round(rate, 1), duration_s=OVERLOAD_S, requests=len(outcomes),
+            outcomes=tally(outcomes), admitted=len(admitted), refused_503=len(refused), queue_cap=QUEUE_CAP,
+            front_rss_mb_before=round(before, 1), front_rss_mb_peak=round(peak, 1),
+            recovered_s_after_arrivals_end=recovered)
+    assert refused, "10x capacity never reached the queue cap"
+    assert {o.status for o in outcomes} <= {200, 503}, tally(outcomes)
+    assert all(o.retry_after and int(o.retry_after) > 0 for o in refused)
+    assert all(o.finish in ("stop", "length") for o in admitted), tally(outcomes)
+    assert recovered is not None and recovered < 20
+    assert peak < before + 200
+    assert quiet(s.url, 30)
+
+
+async def _overload(url: str, rate: float, base: float) -> tuple[list, float | None]:
+    """Arrivals for OVERLOAD_S, then, while the backlog drains, how long until a short request is
+    served at its unloaded pace again."""
+    traffic = asyncio.ensure_future(mixed_traffic(url, rate, OVERLOAD_S, seed=7, mix={"stream": 0.5, "json": 0.5}))
+    await asyncio.sleep(OVERLOAD_S)
+    recovered = await recovery_s(url, base, {**PROBE, "max_tokens": 32, "ignore_eos": True})
+    return await traffic, recovered
