@@ -4,9 +4,11 @@ written as JSON to $DLLM_RELIABILITY_JSON when it is set. `make soak` runs the l
 (DLLM_SOAK_S=600 on the demo model)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import resource
 
 import pytest
 
@@ -28,7 +30,13 @@ def start(model: str | None, *flags: str, tmp_path, wait: bool = True) -> Server
 
 @pytest.fixture(autouse=True, scope="session")
 def _no_leftover_servers():
+    # The overload's open-loop client holds thousands of connections at once: the soft limit of
+    # open files (often 1024) would turn them into client-side errors.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     for s in _started:
         if s.proc.poll() is None:
             s.stop(timeout=10)

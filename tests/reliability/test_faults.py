@@ -12,7 +12,7 @@ import time
 import httpx
 
 from .conftest import start
-from .tools import alive, metrics, quiet, wait_for, worker_pids
+from .tools import alive, metrics, wait_for, worker_pids
 
 
 def _streams(url: str, body: dict, n: int) -> tuple[list[threading.Thread], list[dict]]:
@@ -101,7 +101,8 @@ def test_sigterm_under_load_drains(tiny_llada, tmp_path, figures):
     s = start(tiny_llada, "--block-length", "8", "--num-workers", "2", "--shutdown-timeout-s", "60",
               tmp_path=tmp_path)
     workers = worker_pids(s.pid)
-    body = {"prompt": [4, 5], "max_tokens": 256, "steps": 256, "ignore_eos": True}
+    # Long enough to be in flight when the signal comes (a 256-token request takes 0.5 s here).
+    body = {"prompt": [4, 5], "max_tokens": 960, "steps": 960, "ignore_eos": True}
     threads, results = _streams(s.url, body, 24)
     assert wait_for(lambda: metrics(s.url)["dllm:num_requests_running"] >= 8, 30)
     in_flight = metrics(s.url)["dllm:num_requests_running"] + metrics(s.url)["dllm:num_requests_waiting"]

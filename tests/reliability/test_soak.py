@@ -12,8 +12,8 @@ import time
 import pytest
 
 from .conftest import start
-from .tools import PROBE, metrics, quiet, unloaded
-from .traffic import MemorySampler, measure_capacity, mixed_traffic, recovery_s, tally
+from .tools import PROBE, Probe, metrics, ms, quiet, unloaded
+from .traffic import MemorySampler, errors, measure_capacity, mixed_traffic, tally
 
 SOAK_S = float(os.environ.get("DLLM_SOAK_S", "60"))
 LONG = SOAK_S > 120
@@ -66,28 +66,29 @@ def test_soak_mixed_traffic_at_70_percent_of_capacity(soaked, figures):
 def test_overload_at_10x_capacity(soaked, figures):
     s, base, cap, _ = soaked
     rate = 10 * cap["capacity_req_s"]
-    with MemorySampler(s.pid, every_s=0.5) as mem:
-        outcomes, recovered = asyncio.run(_overload(s.url, rate, base))
+    probe_body = {**PROBE, "max_tokens": 32, "ignore_eos": True}
+    with MemorySampler(s.pid, every_s=0.5) as mem, Probe(s.url, probe_body) as probe:
+        t0 = time.monotonic()
+        outcomes = asyncio.run(mixed_traffic(s.url, rate, OVERLOAD_S, seed=7, mix={"stream": 0.5, "json": 0.5}))
+        arrivals_end = t0 + OVERLOAD_S
+        drained = time.monotonic() - arrivals_end
+        time.sleep(3)
+    # Recovered: the first probe request sent after the arrivals ended that is served within 2x
+    # its unloaded latency; the seconds from the arrivals' end to its answer.
+    normal = [t + lat for t, lat, st in probe.samples if t >= arrivals_end and st == 200 and lat <= 2 * base]
+    recovered = round(min(normal) - arrivals_end, 2) if normal else None
     refused = [o for o in outcomes if o.status == 503]
     admitted = [o for o in outcomes if o.status == 200]
     before, peak = mem.samples[0][1], max(x[1] for x in mem.samples)
     figures("overload", rate_req_s=round(rate, 1), duration_s=OVERLOAD_S, requests=len(outcomes),
             outcomes=tally(outcomes), admitted=len(admitted), refused_503=len(refused), queue_cap=QUEUE_CAP,
-            front_rss_mb_before=round(before, 1), front_rss_mb_peak=round(peak, 1),
-            recovered_s_after_arrivals_end=recovered)
+            client_errors=errors(outcomes), front_rss_mb_before=round(before, 1), front_rss_mb_peak=round(peak, 1),
+            last_reply_s_after_arrivals_end=round(drained, 2), recovered_s_after_arrivals_end=recovered,
+            probe_during_overload=ms([lat for t, lat, _ in probe.samples if t0 <= t < arrivals_end]))
     assert refused, "10x capacity never reached the queue cap"
-    assert {o.status for o in outcomes} <= {200, 503}, tally(outcomes)
+    assert {o.status for o in outcomes} <= {200, 503}, (tally(outcomes), errors(outcomes))
     assert all(o.retry_after and int(o.retry_after) > 0 for o in refused)
     assert all(o.finish in ("stop", "length") for o in admitted), tally(outcomes)
     assert recovered is not None and recovered < 20
     assert peak < before + 200
     assert quiet(s.url, 30)
-
-
-async def _overload(url: str, rate: float, base: float) -> tuple[list, float | None]:
-    """Arrivals for OVERLOAD_S, then, while the backlog drains, how long until a short request is
-    served at its unloaded pace again."""
-    traffic = asyncio.ensure_future(mixed_traffic(url, rate, OVERLOAD_S, seed=7, mix={"stream": 0.5, "json": 0.5}))
-    await asyncio.sleep(OVERLOAD_S)
-    recovered = await recovery_s(url, base, {**PROBE, "max_tokens": 32, "ignore_eos": True})
-    return await traffic, recovered

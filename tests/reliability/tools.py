@@ -4,10 +4,10 @@ that misbehave, and the machine's condition to print next to every figure."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import statistics
-import threading
 import time
 
 import httpx
@@ -118,46 +118,59 @@ def ms(values: list[float]) -> dict:
             "max_ms": round(1e3 * max(values), 1) if values else None}
 
 
+def _probe_main(url: str, body: dict, stream: bool, stop, started, conn) -> None:
+    """The probe's process: short requests one after another until `stop`; the samples go back
+    through `conn` at the end."""
+    samples: list[tuple[float, float, int]] = []
+    with httpx.Client(timeout=60, trust_env=False) as client:
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                if stream:
+                    with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+                        for _ in r.iter_lines():
+                            pass
+                        status = r.status_code
+                else:
+                    status = client.post(url + "/v1/completions", json=body).status_code
+            except httpx.HTTPError:
+                status = 0
+            samples.append((t, time.monotonic() - t, status))
+            started.set()
+    conn.send(samples)
+
+
 class Probe:
-    """Short requests, one after another, from a thread: (sent_at, latency, status) of each. What
-    'the other clients' see while something else happens to the server."""
+    """Short requests, one after another, from a process of its own (so that nothing the test
+    does holds its interpreter): (sent_at, latency, status) of each, on the system-wide monotonic
+    clock. What 'the other clients' see while something else happens to the server."""
 
     def __init__(self, url: str, body: dict | None = None, stream: bool = False):
-        self.url, self.body, self.stream = url, body or PROBE, stream
+        ctx = multiprocessing.get_context("spawn")
         self.samples: list[tuple[float, float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _one(self, client: httpx.Client) -> tuple[float, float, int]:
-        t = time.monotonic()
-        try:
-            if self.stream:
-                with client.stream("POST", self.url + "/v1/completions", json={**self.body, "stream": True}) as r:
-                    for _ in r.iter_lines():
-                        pass
-                    status = r.status_code
-            else:
-                status = client.post(self.url + "/v1/completions", json=self.body).status_code
-        except httpx.HTTPError:
-            status = 0
-        return t, time.monotonic() - t, status
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=60, trust_env=False) as client:
-            while not self._stop.is_set():
-                self.samples.append(self._one(client))
+        self._stop, self._started = ctx.Event(), ctx.Event()
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_probe_main, args=(url, body or PROBE, stream, self._stop, self._started,
+                                                           child), daemon=True)
 
     def __enter__(self) -> "Probe":
-        self._thread.start()
+        self._proc.start()
+        assert self._started.wait(60), "the probe never got a reply"
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(90)
+        if self._conn.poll(90):
+            self.samples = self._conn.recv()
+        self._proc.join(10)
 
     def latencies(self, start: float = 0.0, end: float = float("inf")) -> list[float]:
         """Requests whose time in flight overlapped [start, end] (monotonic clock)."""
         return [lat for t, lat, _ in self.samples if t <= end and t + lat >= start]
+
+    def within(self, start: float, end: float) -> list[float]:
+        """Requests sent and answered within [start, end]."""
+        return [lat for t, lat, _ in self.samples if t >= start and t + lat <= end]
 
     def statuses(self) -> list[int]:
         return [s for _, _, s in self.samples]

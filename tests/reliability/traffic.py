@@ -3,7 +3,6 @@ workload), an open-loop mix of good, cancelled, malformed and over-long requests
 outcome of each, and a sampler of the server's memory."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import statistics
@@ -155,6 +154,16 @@ def tally(outcomes: list[Outcome]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def errors(outcomes: list[Outcome]) -> dict[str, int]:
+    """Requests that got no HTTP status, by the client's exception."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.status == 0:
+            kind = o.error.split(":", 1)[0] or "no status"
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 class MemorySampler:
     """RSS of the front process and of its workers (summed), every `every_s`, from a thread."""
 
@@ -192,16 +201,3 @@ class MemorySampler:
             out[f"{name}_rss_growth_pct"] = round(100 * (b - a) / a, 2) if a else None
         out["front_rss_peak_mb"] = round(max(s[1] for s in self.samples), 1)
         return out
-
-
-async def recovery_s(url: str, unloaded_s: float, body: dict, timeout_s: float = 60.0) -> float | None:
-    """Seconds until a short request again finishes within 2x its unloaded latency."""
-    t0 = time.monotonic()
-    async with httpx.AsyncClient(timeout=60, trust_env=False) as c:
-        while time.monotonic() - t0 < timeout_s:
-            t = time.monotonic()
-            r = await c.post(url + "/v1/completions", json=body)
-            if r.status_code == 200 and time.monotonic() - t <= 2 * unloaded_s:
-                return round(time.monotonic() - t0, 2)
-            await asyncio.sleep(0.2)
-    return None
