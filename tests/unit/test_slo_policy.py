@@ -89,3 +89,17 @@ def test_simple_estimator_is_pessimistic_until_it_sees_a_stop():
     assert out["block_rem"][0] == 4 and out["fut_blocks"][0] == 2 and out["fut_forwards"][0] == 16
     p.eos_seen = True
     assert SimpleEstimator().predict(np.asarray([feature_row(p, 0.9, CANDS)]))["fut_blocks"][0] == 0
+
+
+def test_batched_choice_equals_one_at_a_time():
+    from dllm_server.policy.thresholds import choose_indices
+    rng = np.random.default_rng(3)
+    secs = np.sort(rng.random((50, 6)), axis=1)[:, ::-1]          # higher thresholds take longer
+    budgets = rng.random(50)
+    budgets[::7] = np.inf
+    for cap, floor in ((0.95, 0.5), (0.8, 0.6), (0.5, 0.5)):
+        got = choose_indices(CANDS, secs, budgets, cap, floor)
+        ok = allowed(CANDS, cap, floor)
+        for r in range(50):                                       # the rule, written out plainly
+            want = next((c for c, t in zip(CANDS, secs[r]) if c in ok and t <= budgets[r]), ok[-1])
+            assert CANDS[got[r]] == want

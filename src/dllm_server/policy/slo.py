@@ -22,8 +22,8 @@ from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
 from .load_control import LoadController, demand_rate
 from .load_model import WorkerLoadModel
-from .progress import Progress, feature_row
-from .thresholds import allowed, choose_threshold, remaining_seconds
+from .progress import Progress, candidate_rows, feature_row
+from .thresholds import allowed, choose_indices, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
 REVISE_INTERVAL_S = 0.2       # leased next blocks are re-decided at most this often (a block lasts longer)
@@ -109,34 +109,44 @@ class SLOPolicy(StaticPolicy):
         return {st.request_id: BlockPolicy(t) for (st, _, pol), t in zip(todo, taus) if t != pol.threshold}
 
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
-        """One batched prediction for every (request, block to decide), every candidate."""
-        rows, cur_rows, meta = [], [], []
+        """One batched prediction for every (request, block to decide), every candidate; the
+        choice itself vectorised over requests (the front loop's cost grows slowly with load)."""
+        cands = self.candidates
+        progs, base, starting, budgets, costs = [], [], [], [], {}
         for st, k in items:
             p = self.progress.get(st.request_id) or Progress.start(st)
             p.updated = False
-            starting = p.block_index == k and p.step == 0          # the decided block is the next to run
-            cur_tau = self.decided[st.request_id].get(p.block_index, self.cap)
-            rows += [feature_row(p, c, self.all_candidates) for c in self.candidates]
-            cur_rows.append(feature_row(p, cur_tau, self.all_candidates))
-            meta.append((st, k, p, starting))
-        pred, cur = self._predict(np.asarray(rows), np.asarray(cur_rows), any(m[3] for m in meta))
-        out, n = [], len(self.candidates)
-        for i, (st, k, p, starting) in enumerate(meta):
+            progs.append(p)
+            starting.append(p.block_index == k and p.step == 0)   # the decided block is the next to run
+            base.append(feature_row(p, self.decided[st.request_id].get(p.block_index, self.cap),
+                                    self.all_candidates))
+            b = self._budget(st, now)
+            budgets.append(np.inf if b is None else b)
             w = self.where.get(st.request_id)
-            t_iter, t_wait = self.load.costs(w)
-            sl = slice(i * n, (i + 1) * n)
-            block_rem = pred["block_rem"][sl] if starting else np.full(n, cur["block_rem"][i])
-            secs = {c: remaining_seconds(b, f, fb, t_iter, t_wait)
-                    for c, b, f, fb in zip(self.candidates, block_rem, pred["fut_forwards"][sl], pred["fut_blocks"][sl])}
-            tau = choose_threshold(self.candidates, secs, self._budget(st, now), self.cap, self.floor)
-            self.decided[st.request_id][k] = tau
-            self.work[st.request_id] = block_rem + pred["fut_forwards"][sl]
-            j = self.candidates.index(tau)
-            remaining = float(block_rem[j] + pred["fut_forwards"][sl][j])
-            if st.request_id not in self.first_guess:            # at admission: the one-shot estimate
-                self.first_guess[st.request_id] = p.forwards + remaining
+            if w not in costs:
+                costs[w] = self.load.costs(w)
+        base = np.asarray(base)
+        rows = candidate_rows(progs, base, cands, self.all_candidates)
+        pred, cur = self._predict(rows, base, any(starting))
+        r, n = len(items), len(cands)
+        fut, fut_blocks = pred["fut_forwards"].reshape(r, n), pred["fut_blocks"].reshape(r, n)
+        block_rem = np.where(np.asarray(starting)[:, None], pred["block_rem"].reshape(r, n) if "block_rem" in pred
+                             else 0.0, cur["block_rem"][:, None])
+        t_iter, t_wait = (np.asarray([costs[self.where.get(st.request_id)][j] for st, _ in items]) for j in (0, 1))
+        secs = remaining_seconds(block_rem, fut, fut_blocks, t_iter[:, None], t_wait[:, None])
+        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor)
+        work = block_rem + fut
+        out = []
+        for i, ((st, k), p, j) in enumerate(zip(items, progs, pick)):
+            tau = cands[j]
+            rid = st.request_id
+            self.decided[rid][k] = tau
+            self.work[rid] = work[i]
+            remaining = float(work[i, j])
+            if rid not in self.first_guess:                   # at admission: the one-shot estimate
+                self.first_guess[rid] = p.forwards + remaining
             else:
-                self.online_guess[st.request_id].append((p.forwards, remaining))
+                self.online_guess[rid].append((p.forwards, remaining))
             out.append(tau)
         return out
 
