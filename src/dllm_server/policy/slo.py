@@ -28,6 +28,7 @@ from .thresholds import allowed, choose_indices, remaining_seconds
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
 REVISE_INTERVAL_S = 0.2       # leased next blocks are re-decided at most this often (a block lasts longer)
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
+ARRIVAL_WINDOW_S = 5.0        # the arrival rate load control sees: admissions over this window
 
 
 class SLOPolicy(StaticPolicy):
@@ -49,7 +50,10 @@ class SLOPolicy(StaticPolicy):
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
         self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
         self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
-        self.controller = LoadController(self.candidates) if config.load_control else None
+        self.new_work: np.ndarray | None = None                      # a new request's forwards per candidate (EWMA)
+        self.arrivals: collections.deque = collections.deque(maxlen=4096)   # admission times
+        self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
+        self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
         self._controlled_at = self._revised_at = -1e9
         self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
         self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
@@ -142,6 +146,12 @@ class SLOPolicy(StaticPolicy):
             rid = st.request_id
             self.decided[rid][k] = tau
             self.work[rid] = work[i]
+            self.states[rid] = st
+            if starting[i] and k == 0 and rid not in self.first_guess:     # an admission
+                self.arrivals.append(now)
+                self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
+                if np.isfinite(budgets[i]):
+                    self.budgets.append(budgets[i])
             remaining = float(work[i, j])
             if rid not in self.first_guess:                   # at admission: the one-shot estimate
                 self.first_guess[rid] = p.forwards + remaining
@@ -166,16 +176,22 @@ class SLOPolicy(StaticPolicy):
         return None if slo is None else slo - (now - st.arrived_at)
 
     def _control(self, now: float) -> None:
-        """Lower / raise the cap from the worst-case demand against the workers' capacity."""
+        """Lower / raise the cap: the forward rate the load needs at each cap against what the
+        workers can run within the SLO at that cap."""
         self._controlled_at = now
-        live = [rid for rid in self.states if rid in self.work]      # requests with a current prediction
-        if not live:
+        live = [rid for rid in self.work if rid in self.states]
+        if not live or self.new_work is None:
             return
         work = np.stack([self.work[rid] for rid in live])
         budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
                               for rid in live])
-        demand = demand_rate(work, budgets, 1.0)
-        self.controller.update(demand, self.load.capacity())
+        inflight = demand_rate(work, budgets, 1.0)
+        window = min(ARRIVAL_WINDOW_S, now - self.arrivals[0]) if self.arrivals else 0.0
+        rate = sum(1 for t in self.arrivals if t >= now - ARRIVAL_WINDOW_S) / max(window, 1.0)
+        demand = np.maximum(inflight, rate * self.new_work)
+        slo = float(np.median(self.budgets)) if self.budgets else DEFAULT_HORIZON_S
+        capacity = np.asarray([self.load.capacity(slo / max(1.0, w), rate) for w in self.new_work])
+        self.controller.update(demand, capacity)
 
     # ---- observability ----
     def summary(self) -> dict:
