@@ -19,7 +19,7 @@ Resumable: every --save-minutes of wall time (and at the end) it writes atomical
 HF folder <out>/model/ (bf16 safetensors carrying the step in its metadata). A cut-off run resumes
 from train_state.pt by rerunning the same command; `--init-weights <out>/model/model.safetensors`
 resumes from the weights alone (fresh optimizer, the step from the file's metadata, the LR
-schedule continued, the data RNGs re-seeded from (seed, step)).
+schedule continued after a REWARM_STEPS ramp, the data RNGs re-seeded from (seed, step)).
 
     python scripts/train_demo.py --out runs/demo2 --steps 12000
     python scripts/train_demo.py --out runs/demo2 --steps 12000 --init-weights runs/demo2/model/model.safetensors
@@ -48,6 +48,7 @@ from dllm_server.model.attention import DenseBatch  # noqa: E402
 from dllm_server.model.tiny import init_weights, tiny_config  # noqa: E402
 
 EPS = 1e-3
+REWARM_STEPS = 50          # LR ramp of a weights-only resume (fresh AdamW moments)
 
 
 class Rows:
@@ -188,9 +189,14 @@ def main(argv=None) -> None:
     gen = torch.Generator().manual_seed(args.seed + 1)
     autocast = args.autocast == "bf16"
 
+    rewarm_from = None         # a fresh optimizer on trained weights ramps its LR up again
+
     def train_step(step: int) -> float:
+        lr = lr_at(step, args.steps, args.lr, args.warmup)
+        if rewarm_from is not None:
+            lr *= min(1.0, (step - rewarm_from + 1) / REWARM_STEPS)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+            g["lr"] = lr
         x, maskable = rows.batch(args.batch, args.chat_share)
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -235,6 +241,7 @@ def main(argv=None) -> None:
         if (out / "history.json").is_file():
             history = [h for h in json.loads((out / "history.json").read_text()) if h["step"] <= step]
         elapsed = history[-1]["elapsed_s"] if history else 0.0
+        rewarm_from = step
         gen.manual_seed(args.seed + 1 + 7919 * step)
         rows.rng.seed(args.seed * 1_000_003 + step)
         print(f"started from weights {args.init_weights} at step {step} (fresh optimizer)", flush=True)
