@@ -24,7 +24,7 @@ torch thread as a worker on the 2-core machine gets. Figures printed:
 - held-out masked cross-entropy, nats per byte, and LLaDA's ELBO bound (demo_data.HeldOut; the
   model in float32).
 
-Needs the `serve` extra (pydantic) and `pip install english-words==2.0.2`.
+Needs the `serve` and `demo-eval` extras (pydantic; english-words).
 """
 from __future__ import annotations
 
