@@ -140,6 +140,10 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--adapt-threads", action="store_true",
+                    help="on a shared machine: every 100 steps time 4 steps at the other of {1, --threads} "
+                         "torch threads and keep the faster (two threads lose badly when another process "
+                         "holds a core); results then differ from a fixed-thread run in rounding only")
     ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
                     help="bf16 autocast for forward/backward (measured slower than fp32 on the current "
                          "Intel CPU without AMX; faster on the earlier AMD one)")
@@ -257,14 +261,17 @@ def main(argv=None) -> None:
     ema = history[-1]["loss_ema"] if history else None
     last_save = time.monotonic()
     t_report = time.monotonic()
+    threads = ThreadChooser(args.threads, args.adapt_threads)
     while step < args.steps:
         t0 = time.perf_counter()
         loss = train_step(step)
         step += 1
-        elapsed += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        elapsed += dt
+        threads.observe(dt)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         record = {"step": step, "loss": loss, "loss_ema": ema, "lr": lr_at(step - 1, args.steps, args.lr, args.warmup),
-                  "elapsed_s": round(elapsed, 2), "wall": round(time.time())}
+                  "elapsed_s": round(elapsed, 2), "wall": round(time.time()), "threads": threads.current}
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record.update(held.figures(model, mask_id))
@@ -281,6 +288,36 @@ def main(argv=None) -> None:
     final = [h for h in history if "held_out_ce" in h]
     print(json.dumps({"steps": step, "train_minutes": round(elapsed / 60, 1),
                       "final_held_out_ce": final[-1]["held_out_ce"] if final else None}), flush=True)
+
+
+class ThreadChooser:
+    """Keeps the faster of {1, n} torch threads, re-probed every PERIOD steps (PROBE steps each)."""
+    PERIOD, PROBE = 100, 4
+
+    def __init__(self, n: int, adapt: bool):
+        self.options = (n, 1) if adapt and n > 1 else (n,)
+        self.current = n
+        self.k = 0
+        self.times: dict[int, list[float]] = {}
+
+    def observe(self, dt: float) -> None:
+        if len(self.options) == 1:
+            return
+        self.times.setdefault(self.current, []).append(dt)
+        self.times[self.current] = self.times[self.current][-self.PROBE:]
+        self.k += 1
+        if self.k % self.PERIOD == self.PERIOD - self.PROBE:          # probe the other count
+            self.keep = self.current
+            self._set(self.options[1] if self.current == self.options[0] else self.options[0])
+        elif self.k % self.PERIOD == 0:                               # keep the faster
+            other = self.current
+            med = {t: statistics.median(v) for t, v in self.times.items() if len(v) == self.PROBE}
+            best = min((self.keep, other), key=lambda t: med.get(t, float("inf")))
+            self._set(best)
+
+    def _set(self, n: int) -> None:
+        self.current = n
+        torch.set_num_threads(n)
 
 
 def check_template(model_dir: Path) -> None:
