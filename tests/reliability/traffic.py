@@ -134,16 +134,18 @@ async def one_request(client: httpx.AsyncClient, url: str, kind: str, rng: rando
     return out
 
 
-async def mixed_traffic(url: str, rate: float, duration_s: float, seed: int = 1, mix: dict | None = None
-                        ) -> list[Outcome]:
+async def mixed_traffic(url: str, rate: float, duration_s: float, seed: int = 1, mix: dict | None = None,
+                        timeout_s: float = 300.0) -> list[Outcome]:
     """Open loop: Poisson arrivals at `rate` for `duration_s`, each request's kind drawn from `mix`."""
     mix = mix or MIX
     rng = random.Random(seed)
     offsets = [o for o in arrival_offsets("poisson", rate, int(rate * duration_s * 1.5) + 10,
                                           np.random.default_rng(seed)) if o < duration_s]
     kinds = rng.choices(list(mix), weights=list(mix.values()), k=len(offsets))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), limits=limits, trust_env=False) as c:
+    # No connection reuse: a kept-alive connection the server closes (its 5 s idle timeout) just
+    # as the client picks it up is a transport error of the client's making.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30), limits=limits, trust_env=False) as c:
         return await open_loop(offsets, lambda i: one_request(c, url, kinds[i], random.Random(seed * 100_003 + i)))
 
 

@@ -131,3 +131,23 @@ def test_caps_let_the_largest_allowed_through():
 def test_limit_fields_are_validated(field):
     with pytest.raises(ValueError, match=field):
         ServerConfig(**{field: 0})
+
+
+async def test_keep_alive_closes_its_source_while_a_read_is_pending():
+    """A client that leaves mid-stream closes the SSE generator while its source is being read
+    in another task: closing used to raise 'aclose(): asynchronous generator is already running'."""
+    from dllm_server.api import sse
+    closed = []
+
+    async def source():
+        try:
+            yield b"first"
+            await asyncio.sleep(3600)
+            yield b"never"
+        finally:
+            closed.append(True)
+    out = sse.with_keep_alive(source(), interval_s=0.01)
+    assert await out.__anext__() == b"first"
+    assert await out.__anext__() == sse.KEEP_ALIVE      # the second read is pending now
+    await out.aclose()
+    assert closed == [True]

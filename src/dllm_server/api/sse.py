@@ -32,5 +32,11 @@ async def with_keep_alive(events: AsyncIterator[bytes], interval_s: float) -> As
             pending = asyncio.ensure_future(it.__anext__())
     finally:
         if not pending.done():
+            # The read runs in a task of its own: let the cancellation land before closing the
+            # generator, which is still running inside that task until it does ("aclose():
+            # asynchronous generator is already running", once per client that left mid-stream).
             pending.cancel()
+            await asyncio.wait({pending})
+        if not pending.cancelled():
+            pending.exception()         # retrieved (StopAsyncIteration or a failure already raised)
         await it.aclose()
