@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 CACHE_MODES = ("none", "prefix", "dual")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 REMASKING = ("low_confidence", "random")
+DREAM_DECODING = ("fast_dllm", "shifted")
 
 
 def _f(default, help: str, **kw):
@@ -35,6 +36,10 @@ class ServerConfig:
     block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")
     cache: str = _f("dual", "KV reuse inside a block: none (exact), prefix or dual", choices=CACHE_MODES)
     threshold: float = _f(0.9, "default confidence threshold for parallel commits")
+    dream_decoding: str = _f("fast_dllm", "Dream under the prefix / dual cache: fast_dllm (Fast-dLLM's block sampler: "
+                             "a block's full forward commits only its first position, cached steps feed from the "
+                             "block start) or shifted (dInfer's window from one position earlier; docs/decoding.md)",
+                             choices=DREAM_DECODING)
     # --- scheduling (per worker) ---
     token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
                                   "none = unlimited (prefill priority)")
@@ -163,7 +168,8 @@ class ServerConfig:
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
                             self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
-                            self.threshold_policy == "slo" or self.routing == "completion")
+                            self.threshold_policy == "slo" or self.routing == "completion",
+                            dream_decoding=self.dream_decoding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +204,7 @@ class WorkerConfig:
     fail_every_n_forwards: int = 0
     step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
     profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
+    dream_decoding: str = "fast_dllm"  # ServerConfig.dream_decoding
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

@@ -51,6 +51,8 @@ class DiffusionFields(OpenAIModel):
     threshold: float | None = Field(None, ge=0, le=1)
     factor: float | None = Field(None, gt=0, le=1e6)
     steps: int | None = Field(None, ge=1, le=1_000_000)
+    entropy_bound: float | None = Field(None, ge=0, le=1e6, description="dllm: EB-sampler rule: commit, by confidence, "
+                                        "the most masked positions whose summed entropy minus its largest stays <= this")
     remasking: Literal["low_confidence", "random"] = SamplingParams().remasking
     slo_ms: float | None = Field(None, gt=0, le=86_400_000, description="dllm: end-to-end latency target (ms) from "
                                  "arrival; with --threshold-policy slo each block's threshold is chosen to meet it")
@@ -69,7 +71,7 @@ class DiffusionFields(OpenAIModel):
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         given = {k: getattr(self, k) for k in ("temperature", "top_p", "threshold", "factor", "steps", "seed",
-                                               "block_length", "slo_ms") if getattr(self, k) is not None}
+                                               "block_length", "slo_ms", "entropy_bound") if getattr(self, k) is not None}
         return SamplingParams(max_tokens=max_tokens, remasking=self.remasking, ignore_eos=self.ignore_eos,
                               stop=tuple(stop) if stop else None, **given)
 

@@ -4,7 +4,8 @@
   server default").
 - `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
   the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
-- `BlockPolicy`: how one block commits (threshold, factor or a fixed number of steps), chosen by
+- `BlockPolicy`: how one block commits (threshold, factor, entropy bound or a fixed number of
+  steps), chosen by
   the front process's decode policy per block (policy/), so blocks of one request may differ.
 
 No torch, no devices here.
@@ -38,6 +39,7 @@ class SamplingParams:
     stop: tuple[str, ...] | None = None
     block_length: int | None = None
     slo_ms: float | None = None          # end-to-end latency target from arrival (threshold policy "slo")
+    entropy_bound: float | None = None   # EB-sampler's gamma (decoding/unmask.py entropy_bounded_counts)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -67,6 +69,10 @@ class SamplingParams:
             bad("remasking", "'random' ranks positions for the fixed-steps schedule; give steps too")
         if self.factor is not None and self.steps is not None:
             bad("factor", "choose one rule: factor or steps, not both")
+        if self.entropy_bound is not None and (not is_num(self.entropy_bound) or self.entropy_bound < 0):
+            bad("entropy_bound", f"must be a finite number >= 0, got {self.entropy_bound!r}")
+        if self.entropy_bound is not None and (self.factor is not None or self.steps is not None):
+            bad("entropy_bound", "choose one rule: entropy_bound, factor or steps")
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             bad("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if self.stop is not None:
@@ -109,10 +115,12 @@ class DecodeParams:
 class BlockPolicy:
     """How one block commits, resolved by the front process: exactly one rule applies; `steps`
     (forwards of this block under LLaDA's linear schedule) first, then `factor`, then
-    `threshold` (every masked position whose confidence reaches it, at least the best one)."""
+    `entropy_bound`, then `threshold` (every masked position whose confidence reaches it, at
+    least the best one)."""
     threshold: float
     factor: float | None = None
     steps: int | None = None
+    entropy_bound: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
@@ -121,3 +129,5 @@ class BlockPolicy:
             raise ValueError(f"factor: must be > 0, got {self.factor!r}")
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
             raise ValueError(f"steps: must be >= 1, got {self.steps!r}")
+        if self.entropy_bound is not None and not self.entropy_bound >= 0:
+            raise ValueError(f"entropy_bound: must be >= 0, got {self.entropy_bound!r}")
