@@ -131,3 +131,69 @@ def test_chunked_proposals_equal_one_pass():
         tok, conf = run(chunk)
         assert torch.equal(tok, whole[0]) and torch.equal(conf, whole[1])
     assert not (whole[0] == 49).any()            # the banned (mask) id is never proposed
+
+
+def _eb(score, entropy, masked, bound):
+    return int(unmask.entropy_bounded_counts(torch.tensor([score], dtype=torch.float64),
+                                             torch.tensor([entropy], dtype=torch.float64), torch.tensor([masked]),
+                                             torch.tensor([bound], dtype=torch.float64))[0])
+
+
+def test_entropy_bound_commits_the_longest_prefix_by_confidence():
+    # ranked by score: entropies 0.1, 0.2, 0.3, 0.5; sum - max per prefix: 0, 0.1, 0.3, 0.6
+    score, ent = [0.9, 0.8, 0.7, 0.6], [0.1, 0.2, 0.3, 0.5]
+    assert _eb(score, ent, [True] * 4, 0.35) == 3
+    assert _eb(score, ent, [True] * 4, 0.61) == 4
+    assert _eb(score, ent, [True] * 4, 0.0) == 1                      # always at least the best one
+    # the order is the score's, not the entropy's: a confident but high-entropy position comes first
+    assert _eb([0.6, 0.9, 0.8, 0.7], [0.5, 0.1, 0.2, 0.3], [True] * 4, 0.35) == 3
+    assert _eb([0.9, 0.95, 0.8, 0.7], [2.0, 0.1, 0.1, 0.1], [True] * 4, 0.25) == 3   # 0.1+2.0-2.0, +0.1 fails at 4
+    # committed positions neither count nor spend the bound
+    assert _eb(score, [5.0, 0.2, 5.0, 0.5], [False, True, False, True], 0.2) == 2
+    assert _eb(score, ent, [False] * 4, 1.0) == 0
+
+
+def test_raising_the_entropy_bound_never_commits_less():
+    g = torch.Generator().manual_seed(1)
+    score = torch.rand(40, generator=g, dtype=torch.float64).tolist()
+    ent = (torch.rand(40, generator=g, dtype=torch.float64) * 3).tolist()
+    counts = [_eb(score, ent, [True] * 40, b / 2) for b in range(0, 140)]     # the total entropy is < 70
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 40
+
+
+def test_entropy_bound_in_commit_counts_and_its_precedence():
+    c = torch.tensor([[0.95, 0.92, 0.5, 0.4]], dtype=torch.float64)
+    h = torch.tensor([[0.2, 0.3, 1.0, 1.5]], dtype=torch.float64)
+    m = torch.ones(1, 4, dtype=torch.bool)
+
+    def count(bound=NAN, factor=NAN, fixed=-1):
+        return int(unmask.commit_counts(c, m, torch.tensor([0.9], dtype=torch.float64),
+                                        torch.tensor([factor], dtype=torch.float64), torch.tensor([fixed]),
+                                        torch.tensor([bound], dtype=torch.float64), h)[0])
+    assert count() == 2                          # no bound (NaN): the threshold rule
+    assert count(bound=1.25) == 3                # 0.2 + 0.3 + 1.0 - 1.0 = 0.5 <= 1.25; + 1.5 -> 1.5 > 1.25
+    assert count(bound=1.25, factor=0.01) == 1   # factor before entropy bound
+    assert count(bound=1.25, fixed=4) == 4       # fixed steps before everything
+
+
+def test_proposals_report_entropy_of_the_untempered_distribution():
+    logits = torch.zeros(1, 2, 5)
+    logits[0, 1, 2] = 1e4                        # one-hot
+    logits[0, :, 4] = 50.0                       # the banned id takes no mass
+    tok, conf, ent = unmask.propose(logits, [0.0], [None], [2], banned_id=4, with_entropy=True)
+    assert ent[0, 0].item() == pytest.approx(math.log(4)) and ent[0, 1].item() == pytest.approx(0.0, abs=1e-12)
+    hot = unmask.propose(logits, [2.0], [unmask.step_generator(1, 0, 0)], [2], banned_id=4, with_entropy=True)
+    assert torch.equal(hot[2], ent)              # temperature changes the proposal, not the measure
+    for chunk in (1, 5):                         # chunking changes nothing
+        assert torch.equal(unmask.propose(logits, [0.0], [None], [2], 4, chunk_elements=chunk,
+                                          with_entropy=True)[2], ent)
+
+
+def test_first_position_only_forces_the_block_start():
+    score = torch.tensor([[0.1, 0.9, 0.8], [0.1, 0.9, 0.8], [0.1, 0.9, 0.8]], dtype=torch.float64)
+    masked = torch.ones(3, 3, dtype=torch.bool)
+    count = torch.tensor([2, 2, 2])
+    fixed = torch.tensor([-1, 2, -1])            # row 1 runs fixed steps, row 2 is not a first-only row
+    s, n = unmask.first_position_only(score, count, torch.tensor([True, True, False]), fixed)
+    commit = unmask.select_commits(s, masked, n)
+    assert commit.tolist() == [[True, False, False], [True, True, False], [False, True, True]]
