@@ -5,8 +5,8 @@
 - `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
   the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
 - `BlockPolicy`: how one block commits (threshold, factor, entropy bound or a fixed number of
-  steps), chosen by
-  the front process's decode policy per block (policy/), so blocks of one request may differ.
+  steps), chosen by the front process's decode policy per block (policy/), so blocks of one
+  request may differ.
 
 No torch, no devices here.
 """

@@ -104,8 +104,10 @@ class ModelStepper:
         masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
         for i, t in enumerate(batch):
             masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
+        # Fast-dLLM's Dream rule on a block's full forward while its first position is open (a
+        # re-prefill after a failed handoff finds it committed already)
         n_pre = len(prefills)
-        rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step, self.first_only and i < n_pre)
-                for i, t in enumerate(batch)]
+        rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
+                          self.first_only and i < n_pre and bool(masked[i, 0])) for i, t in enumerate(batch)]
         out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
         return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None)   # timer read after the copy
