@@ -104,6 +104,11 @@ class AsyncEngine:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
 
     @property
+    def is_started(self) -> bool:
+        """Started (stats() may be read), ready or not."""
+        return self.scheduler is not None
+
+    @property
     def is_ready(self) -> bool:
         return self.scheduler is not None and self.scheduler.ready_event.is_set() and not self.dead
 
