@@ -111,3 +111,11 @@ def test_tokenizer_routes_lm_eval_probes(server):
     plain = _post(server, "/tokenize", {"prompt": "test", "add_special_tokens": False})["tokens"]
     assert plain == _post(server, "/tokenize", {"prompt": "test"})["tokens"][-len(plain):]
     assert _post(server, "/detokenize", {"tokens": plain})["prompt"] == "test"
+
+
+def test_integral_floats_are_integers_as_json_schema_says(server):
+    out = _post(server, URL, {"prompt": [72.0, 105], "max_tokens": 4.0, "n": 2.0, "seed": 3.0, "best_of": 1.0})
+    assert len(out["choices"]) == 2 and out["usage"]["prompt_tokens"] == 2
+    for field, value in (("max_tokens", 4.5), ("n", True), ("seed", "3")):
+        r = httpx.post(server.url + URL, json={"prompt": "x", field: value}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

@@ -25,8 +25,17 @@ def _empty(kind: type):
     return lambda v: isinstance(v, kind) and not v
 
 
+def _same(v, x) -> bool:
+    """JSON equality: true is not 1, but 1.0 is 1 (JSON Schema's const compares numbers by value)."""
+    if isinstance(x, bool) or isinstance(v, bool):
+        return v is x
+    if isinstance(x, int):
+        return isinstance(v, (int, float)) and v == x
+    return type(v) is type(x) and v == x
+
+
 def _is(*values):
-    return lambda v: any(v is x if isinstance(x, bool) else (type(v) is type(x) and v == x) for x in values)
+    return lambda v: any(_same(v, x) for x in values)
 
 
 NO_TOOLS = "this server does no tool or function calling"

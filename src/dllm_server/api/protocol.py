@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StringConstraints,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, RootModel, StrictBool, StringConstraints,
                       model_validator)
 
 from ..decoding.params import MAX_SEED, SamplingParams
@@ -13,6 +13,18 @@ from . import openai_fields as of
 
 log = logging.getLogger(__name__)
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _whole(value):
+    """JSON Schema's integer includes 2.0 (and JavaScript clients send it): an integral float is
+    taken as its int; 2.5, true and "2" stay errors (the models are strict)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**bounds):
+    """An integer field's type: the bounds on the int itself (so the schema states them), then
+    the integral-float rule around it."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
 
 
 class OpenAIModel(BaseModel):
@@ -51,19 +63,19 @@ class DiffusionFields(OpenAIModel):
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": CONDITIONS})
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1, description=CONTEXT_RULE,
+    max_tokens: integer(ge=1) | None = Field(None, description=CONTEXT_RULE,
                                    json_schema_extra={"x-dllm-bound": "max_tokens"})
-    max_completion_tokens: int | None = Field(None, ge=1, description="wins over max_tokens; " + CONTEXT_RULE,
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens; " + CONTEXT_RULE,
                                               json_schema_extra={"x-dllm-bound": "max_tokens"})
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=-1, description="sample among the k most likely tokens; 0 or -1: all")
+    top_k: integer(ge=-1) | None = Field(None, description="sample among the k most likely tokens; 0 or -1: all")
     min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    seed: integer(ge=0, le=MAX_SEED) | None = None
     stop: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(max_length=16)], None] = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=MAX_N, description="independent samples of each prompt: sample i uses seed + i "
+    n: integer(ge=1, le=MAX_N) = Field(1, description="independent samples of each prompt: sample i uses seed + i "
                    "(mod 2**63), so it equals the n=1 request with that seed")
     user: str | None = None
     ignore_eos: StrictBool = False
@@ -71,10 +83,10 @@ class DiffusionFields(OpenAIModel):
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="only 0 (not supported)")
     logit_bias: of.LogitBias = None
     # diffusion extras
-    block_length: int | None = Field(None, ge=1, le=256)
+    block_length: integer(ge=1, le=256) | None = None
     threshold: float | None = Field(None, ge=0, le=1)
     factor: float | None = Field(None, gt=0, le=1e6, description="not with steps")
-    steps: int | None = Field(None, ge=1, le=1_000_000, description="forwards over the whole answer (LLaDA); "
+    steps: integer(ge=1, le=1_000_000) | None = Field(None, description="forwards over the whole answer (LLaDA); "
                               "between the number of blocks and the answer length (max_tokens rounded up to "
                               "whole blocks), else 400 naming steps; not with factor")
     remasking: Literal["low_confidence", "random"] = Field(SamplingParams().remasking, description="random needs steps")
@@ -146,7 +158,7 @@ class ChatCompletionRequest(DiffusionFields):
     safety_identifier: str | None = Field(None, description="accepted, like user")
 
 
-TokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-dllm-bound": "prompt_token"})]
+TokenId = Annotated[integer(ge=0), Field(json_schema_extra={"x-dllm-bound": "prompt_token"})]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
@@ -194,7 +206,7 @@ class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):
 
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0, json_schema_extra={"x-dllm-bound": "token"})]]
+    tokens: list[Annotated[integer(ge=0), Field(json_schema_extra={"x-dllm-bound": "token"})]]
 
 
 REQUEST_MODELS = {"ChatCompletionRequest": ChatCompletionRequest, "CompletionRequest": CompletionRequest,
