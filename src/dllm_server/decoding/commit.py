@@ -72,7 +72,8 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
             for r in rows]
     with_entropy = any(r.policy.entropy_bound is not None for r in rows)
     proposed = unmask.propose(logits, [r.params.temperature for r in rows], gens, widths, mask_id,
-                              [r.params.top_p for r in rows], with_entropy=with_entropy)
+                              [r.params.top_p for r in rows], [r.params.top_k for r in rows],
+                              [r.params.min_p for r in rows], with_entropy=with_entropy)
     tokens, conf = proposed[:2]
     score = unmask.random_scores(widths, gens, logits.shape[1], [r.params.remasking == "random" for r in rows],
                                  conf)
