@@ -50,6 +50,10 @@ CONDITIONS = [
      "then": {"properties": {"steps": {"type": "integer"}}, "required": ["steps"]}},
     {"not": {"properties": {"factor": {"type": "number"}, "steps": {"type": "integer"}},
              "required": ["factor", "steps"]}},
+    {"not": {"properties": {"entropy_bound": {"type": "number"}, "factor": {"type": "number"}},
+             "required": ["entropy_bound", "factor"]}},
+    {"not": {"properties": {"entropy_bound": {"type": "number"}, "steps": {"type": "integer"}},
+             "required": ["entropy_bound", "steps"]}},
 ]
 MAX_N = 128      # OpenAI's limit
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "threshold", "factor", "steps", "seed", "block_length",
