@@ -67,12 +67,17 @@ class SimRequest:
 
 
 class Behaviour:
-    """Base: per block, the cumulative commits after each forward (from `block_counts`), cached;
-    `commit_range` answers the stepper's question for one row of one forward."""
+    """Base: per block, the commits of each forward (from `block_counts`), cached; `commit_range`
+    answers the stepper's question for one row of one forward.
+
+    A block must commit its `needed` positions (up to the EOS, or up to max_tokens) before the
+    request can end; past them ("spare": after the EOS or max_tokens) a model may also commit
+    positions, which end nothing. A plan commits K positions (needed <= K <= width), the spare
+    ones first, so the block ends exactly at its last forward, as it did when it was recorded."""
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[int, int | None]] = {}   # request id -> (arrival seq, eos_at)
-        self._plans: dict[tuple[str, int], list[int]] = {}
+        self._plans: dict[tuple[str, int], tuple[list[int], int]] = {}
 
     def register(self, request_id: str, seq: int, req: SimRequest) -> None:
         self.requests[request_id] = (seq, None if req.ignore_eos else req.eos_at)
@@ -84,36 +89,47 @@ class Behaviour:
 
     def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
         """Positions committed by each forward of a block `width` wide that must commit `needed`
-        of them (sum = needed, each >= 1)."""
+        of them: each >= 1, needed <= sum <= width."""
         raise NotImplementedError
 
-    def commit_range(self, t) -> tuple[int, int, int | None]:
+    def commit_range(self, t) -> tuple[list[tuple[int, int]], int | None]:
         """For a block task (worker/core.py BlockTask) at its current step: the block-relative
-        positions [lo, hi) this forward commits, and the column of the EOS among them (or None)."""
+        column ranges this forward commits, and the column of the EOS among them (or None)."""
         seq, eos_at = self.requests[t.request_id]
         p = t.params
+        width = t.end - t.start
         offset = t.start - t.prompt_len                 # answer position of the block's first cell
         limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
-        needed = max(1, min(t.end - t.start, limit - offset))
+        needed = max(1, min(width, limit - offset))
         key = (t.request_id, t.block_index)
-        cum = self._plans.get(key)
-        if cum is None:
-            counts = self.block_counts(seq, t.block_index, needed, t.end - t.start, t.policy)
-            cum = self._plans[key] = list(itertools.accumulate(counts, initial=0))
+        plan = self._plans.get(key)
+        if plan is None:
+            counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
+            cum = list(itertools.accumulate(counts, initial=0))
+            plan = self._plans[key] = (cum, cum[-1] - needed)
+        cum, spare = plan
         s = t.step
-        lo = cum[s] if s < len(cum) else needed
-        hi = cum[s + 1] if s + 1 < len(cum) else needed
-        if hi <= lo:                                     # past the plan (never expected): finish the block
-            lo, hi = min(lo, needed - 1), needed
-        eos = eos_at - offset if eos_at is not None and lo <= eos_at - offset < hi else None
-        return lo, hi, eos
+        a = cum[s] if s < len(cum) else cum[-1]
+        b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
+        if b <= a:                                       # past the plan (never expected): finish the block
+            a, b = min(a, cum[-1] - 1), cum[-1]
+        ranges = []
+        if a < spare:                                    # spare columns come first: needed + [a, b)
+            ranges.append((needed + a, needed + min(b, spare)))
+        if b > spare:                                    # then the needed ones, left to right
+            ranges.append((max(a, spare) - spare, b - spare))
+        eos = None
+        if eos_at is not None and 0 <= eos_at - offset < width:
+            col = eos_at - offset
+            eos = col if any(lo <= col < hi for lo, hi in ranges) else None
+        return ranges, eos
 
 
-def _fixed(policy: BlockPolicy, needed: int) -> list[int] | None:
-    """A fixed-steps policy decides the counts itself (LLaDA's linear schedule)."""
+def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:
+    """A fixed-steps policy decides the counts itself (LLaDA's linear schedule over the block)."""
     if policy.steps is None:
         return None
-    return transfer_counts(needed, max(1, min(policy.steps, needed)))
+    return transfer_counts(width, max(1, min(policy.steps, width)))
 
 
 class ParametricBehaviour(Behaviour):
@@ -123,7 +139,7 @@ class ParametricBehaviour(Behaviour):
         self.seed = seed
 
     def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
-        fixed = _fixed(policy, needed)
+        fixed = _fixed(policy, width)
         if fixed is not None:
             return fixed
         extra = positions_per_forward(self.table, policy.threshold) - 1.0
@@ -153,6 +169,30 @@ def load_trace_rows(path: str | Path) -> list[dict]:
     return rows
 
 
+def rows_from_outputs(outputs, params) -> list[dict]:
+    """Replay rows (the fields of policy/tracing.py's end rows) from a run's GenerationOutputs, in
+    arrival order, with the SamplingParams each was sent with; EOS: a finish by a stop token, whose
+    id ends token_ids."""
+    rows = []
+    for seq, (o, p) in enumerate(zip(outputs, params)):
+        eos_at = len(o.token_ids) - 1 if o.finish_reason == "stop" and not p.ignore_eos else None
+        rows.append({"kind": "end", "arrival_seq": seq, "finish": o.finish_reason, "forwards": o.stats.num_forwards,
+                     "steps_per_block": list(o.stats.steps_per_block),
+                     "thresholds": [b.threshold for b in o.stats.block_policies], "tokens": len(o.token_ids),
+                     "prompt_len": len(o.prompt_token_ids), "max_tokens": p.max_tokens,
+                     "block_length": p.block_length, "ignore_eos": p.ignore_eos, "eos_at": eos_at})
+    return rows
+
+
+def requests_from_rows(rows: list[dict], arrivals_s=None, block_length: int | None = None) -> list[SimRequest]:
+    """The recorded requests as a simulated workload (arrival offsets given, else all at 0)."""
+    rows = sorted(rows, key=lambda r: r["arrival_seq"])
+    at = list(arrivals_s) if arrivals_s is not None else [0.0] * len(rows)
+    return [SimRequest(float(t), int(r["prompt_len"]), int(r["max_tokens"]), r.get("eos_at"),
+                       bool(r.get("ignore_eos", False)), (r.get("thresholds") or [None])[0])
+            for t, r in zip(at, rows)]
+
+
 class ReplayBehaviour(Behaviour):
     """Exact for the requests recorded (matched by arrival order, `arrival_seq`): their blocks take
     the forwards they took. Other requests (or blocks past the recorded ones) draw a recorded full
@@ -173,15 +213,16 @@ class ReplayBehaviour(Behaviour):
         return self.by_seq.get(seq)
 
     def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
-        fixed = _fixed(policy, needed)
-        if fixed is not None:
-            return fixed
         row = self.by_seq.get(seq)
         if row is not None and block < len(row["steps_per_block"]):
             forwards = int(row["steps_per_block"][block])
         else:
+            fixed = _fixed(policy, width)
+            if fixed is not None:
+                return fixed
             forwards = self._sample(seq, block, needed, width, policy.threshold)
-        return transfer_counts(needed, max(1, min(forwards, needed)))
+        forwards = max(1, min(forwards, width))
+        return transfer_counts(max(needed, forwards), forwards)   # spare commits where it took more forwards
 
     def _sample(self, seq: int, block: int, needed: int, width: int, threshold: float) -> int:
         if not self.full:

@@ -33,8 +33,9 @@ class SimStepper:
         tokens = torch.full((len(batch), width), self.fill_id, dtype=torch.int64)
         commit_range = self.behaviour.commit_range
         for i, t in enumerate(batch):
-            lo, hi, eos = commit_range(t)
-            commit[i, lo:hi] = True
+            ranges, eos = commit_range(t)
+            for lo, hi in ranges:
+                commit[i, lo:hi] = True
             if eos is not None:
                 tokens[i, eos] = self.eos_id
         load = iteration_load(prefills, decodes, sum(self.fed_tokens(t, False) for t in decodes))
