@@ -45,11 +45,28 @@ def iteration_features(it) -> np.ndarray:
     return features(it.decode_tokens, it.decode_keys, it.prefill_tokens, it.prefill_sq)
 
 
+def trimmed_fit(x: np.ndarray, y: np.ndarray, rounds: int = 3, k: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
+    """step_time.fit without the samples far ABOVE the fit (more than k robust sigmas): a worker's
+    reported turn time includes any wait for the inbox that opened the turn (worker/main.py starts
+    the turn's clock before it blocks on an idle inbox), which is no work. Returns (coef, kept)."""
+    keep = np.ones(len(y), dtype=bool)
+    coef = fit(x, y)
+    for _ in range(rounds):
+        resid = y - x @ coef
+        sigma = 1.4826 * np.median(np.abs(resid[keep] - np.median(resid[keep]))) + 1e-9
+        new = resid <= np.median(resid[keep]) + k * sigma
+        if new.sum() < 2 or (new == keep).all():
+            break
+        keep = new
+        coef = fit(x[keep], y[keep])
+    return coef, keep
+
+
 def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) -> dict:
     """rows: (decode_tokens, decode_keys, prefill_tokens, prefill_sq, turn_s, forward_s) of real
     iterations. Returns per kind ("cache": decode-only, "recompute": with a full-canvas forward) the
-    coefficients of turn and forward time over step_time's columns, the sample count and the mean
-    absolute relative error of the turn fit on its own samples."""
+    coefficients of turn and forward time over step_time's columns, the sample count, how many turn
+    samples were left out as waits, and the turn fit's mean absolute relative error on the rest."""
     out = {}
     for kind, columns in (("cache", CACHE_COLUMNS), ("recompute", RECOMPUTE_COLUMNS)):
         sel = [r for r in rows if (r[2] > 0) == (kind == "recompute") and r[4] > 0]
@@ -57,10 +74,11 @@ def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) 
             continue
         x = np.stack([features(*r[:4]) for r in sel])
         turn, fwd = np.asarray([r[4] for r in sel]), np.asarray([r[5] for r in sel])
-        ct, cf = fit(x, turn), fit(x, fwd)
-        err = np.abs(x @ ct - turn) / turn
+        ct, kept = trimmed_fit(x, turn)
+        cf = fit(x, fwd)
+        err = np.abs(x[kept] @ ct - turn[kept]) / turn[kept]
         out[kind] = {"columns": list(columns), "turn": ct.tolist(), "forward": cf.tolist(), "samples": len(sel),
-                     "turn_mean_abs_rel_error": float(err.mean())}
+                     "turn_left_out": int((~kept).sum()), "turn_mean_abs_rel_error": float(err.mean())}
     return out
 
 
