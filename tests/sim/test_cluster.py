@@ -74,3 +74,17 @@ def test_rescale_keeps_requests_and_changes_the_rate():
     fast = rescale(reqs, 8.0)
     assert [r.prompt_len for r in fast] == [r.prompt_len for r in reqs]
     assert fast[-1].arrival_s == pytest.approx(49 / 8.0)
+
+
+def test_the_slo_policy_runs_on_the_virtual_clock_and_lowers_thresholds_under_load():
+    cost = gpu_cost("llada-8b", "h100")
+    reqs = preset_workload("sharegpt", 80, 12.0, seed=4, max_len=4096)
+    means = {}
+    for policy in ("fixed", "slo"):
+        config = ServerConfig(num_pages=cost.kv_pool_tokens() // 16, num_workers=2, threshold_policy=policy,
+                              default_slo_ms=8000.0, threshold=0.95)
+        sim = Simulator(config, cost, ParametricBehaviour(seed=3), MODELS["llada-8b"].model_info())
+        res = sim.run(reqs)
+        assert res.unfinished == 0
+        means[policy] = res.summary()["mean_s"]
+    assert means["slo"] < means["fixed"]            # lower thresholds: fewer forwards per block

@@ -64,6 +64,7 @@ class SimRequest:
     eos_at: int | None = None
     ignore_eos: bool = True
     threshold: float | None = None
+    slo_ms: float | None = None          # threshold policy "slo": this request's end-to-end target
 
 
 class Behaviour:
@@ -133,17 +134,28 @@ def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:
 
 
 class ParametricBehaviour(Behaviour):
+    """Draws are per request, in block order (a request's blocks run one after another), so a
+    request denoises the same way under every configuration compared (common random numbers)."""
+
     def __init__(self, model: str = "llada-8b", seed: int = 0, table=None):
         super().__init__()
         self.table = table or POSITIONS_PER_FORWARD[model]
         self.seed = seed
+        self._rng: dict[int, np.random.Generator] = {}
+
+    def forget(self, request_id: str, num_blocks: int) -> None:
+        seq = self.requests.get(request_id, (None,))[0]
+        super().forget(request_id, num_blocks)
+        self._rng.pop(seq, None)
 
     def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
         fixed = _fixed(policy, width)
         if fixed is not None:
             return fixed
         extra = positions_per_forward(self.table, policy.threshold) - 1.0
-        rng = np.random.default_rng((self.seed, seq, block))
+        rng = self._rng.get(seq)
+        if rng is None:
+            rng = self._rng[seq] = np.random.default_rng((self.seed, seq))
         draws = 1 + rng.poisson(extra, size=needed) if extra > 0 else np.ones(needed, dtype=int)
         counts, left = [], needed
         for d in draws.tolist():

@@ -28,6 +28,7 @@ from ..engine.requests import STREAM_NONE, Entry
 from ..engine.scheduler import Scheduler
 from ..messages import ModelInfo, WorkerReady
 from ..policy.base import FixedPolicy
+from ..policy.load_model import WorkerLoadModel
 from ..worker.core import WorkerCore
 from ..worker.handoff import WorkerHandoffs
 from ..worker.kv_pool import KVPool
@@ -105,6 +106,14 @@ class _Worker:
     log: list = field(default_factory=list)
 
 
+class _Unread(WorkerLoadModel):
+    """Routing by load under a policy that does not observe never reads the step-time models
+    (engine/scheduler.py reads them only to route by completion): skip their upkeep."""
+
+    def observe(self, worker_id, report) -> None:
+        pass
+
+
 class Simulator:
     def __init__(self, config: ServerConfig, cost, behaviour, model: ModelInfo, *, logit_shift: int = 0,
                  policy=None, record: bool = False):
@@ -116,8 +125,12 @@ class Simulator:
         self.latency_s = cost.message_latency_s
         self.min_turn_s = max(cost.idle_turn_s, 1e-6)    # every turn moves time on
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
-        self.scheduler = Scheduler(config, self.roles, None, self._send, policy or FixedPolicy(config.threshold),
-                                   clock=self.clock)
+        load = None
+        if policy is None:
+            policy, load = self._policy(config)
+        if load is None and config.routing != "completion" and not policy.observes:
+            load = _Unread(config.block_length)
+        self.scheduler = Scheduler(config, self.roles, None, self._send, policy, clock=self.clock, load=load)
         self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
         wc = config.worker_config()
         handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
@@ -138,6 +151,17 @@ class Simulator:
 
     def clock(self) -> float:
         return self.now
+
+    def _policy(self, config: ServerConfig):
+        """The decode policy a server with this config runs (policy/__init__.py make_policy), on the
+        virtual clock; the SLO policy shares the scheduler's step-time models, as in AsyncEngine."""
+        if config.threshold_policy != "slo":
+            return FixedPolicy(config.threshold), None
+        from ..policy.predictor import SimpleEstimator, load_predictor
+        from ..policy.slo import SLOPolicy
+        load = WorkerLoadModel(config.block_length)
+        predictor = load_predictor(config.step_predictor, ".") if config.step_predictor else SimpleEstimator()
+        return SLOPolicy(config, predictor, load, clock=self.clock), load
 
     def _push(self, at: float, kind: int, a, b=None) -> None:
         heapq.heappush(self._heap, (at, _LATER[kind], next(self._order), kind, a, b))
@@ -191,7 +215,8 @@ class Simulator:
         if self.scheduler.requests.num_waiting >= cfg.max_waiting_requests:   # AsyncEngine.submit's 503
             self.results[seq] = RequestResult(seq, self.now, req.prompt_len, req.max_tokens, "rejected")
             return
-        sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold)
+        sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold,
+                                  slo_ms=req.slo_ms)
         params = sampling.resolve(cfg, request_seed(cfg.seed, seq))
         rid = f"r{seq}"
         st = RequestState(rid, None, [self.fill_id] * req.prompt_len, sampling, params, self.model.mask_id,

@@ -8,6 +8,7 @@ ends at an EOS after its output length (a chat client's cap, the realistic canva
 up to the cap is in every re-prefill)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -66,5 +67,4 @@ def rescale(requests: list[SimRequest], rate: float) -> list[SimRequest]:
         return list(requests)
     span = requests[-1].arrival_s - requests[0].arrival_s
     factor = (len(requests) - 1) / rate / span if span > 0 else 0.0
-    return [SimRequest(r.arrival_s * factor, r.prompt_len, r.max_tokens, r.eos_at, r.ignore_eos, r.threshold)
-            for r in requests]
+    return [dataclasses.replace(r, arrival_s=r.arrival_s * factor) for r in requests]
