@@ -129,6 +129,7 @@ def add_sim_parsers(sub) -> None:
     plan.add_argument("--start-rate", type=float, default=1.0)
     plan.add_argument("--tolerance", type=float, default=0.05, help="capacity bracket, relative")
     plan.add_argument("--seed", type=int, default=0)
+    plan.add_argument("--jobs", type=int, default=1, help="simulate candidates in this many processes")
     plan.add_argument("--json", action="store_true", help="print JSON instead of the table")
     plan.add_argument("--plot", help="write a bar chart of the capacities here")
     plan.add_argument("--no-progress", action="store_true")

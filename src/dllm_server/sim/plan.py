@@ -26,13 +26,20 @@ class Candidate:
     changes: dict
 
 
+def make_behaviour(spec: tuple):
+    """("parametric", model, seed) or ("replay", rows, seed): a fresh behaviour model per run (specs
+    pickle, so candidates can be simulated in parallel processes)."""
+    kind, arg, seed = spec
+    return ParametricBehaviour(arg, seed) if kind == "parametric" else ReplayBehaviour(arg, seed)
+
+
 @dataclass
 class Setup:
     """What every candidate shares: the model's profile, cost and behaviour models, the workload."""
     model_info: object
     logit_shift: int
     cost: object
-    behaviour_factory: object          # () -> a fresh Behaviour
+    behaviour: tuple                   # make_behaviour's spec
     requests: list                     # the workload at some rate; rescaled per probe
     base: ServerConfig
     slo_metric: str = "p99"
@@ -58,7 +65,7 @@ def candidates(num_workers: int, taus=(256, 1024, 4096, None), theta: int = 8192
 
 def simulate(setup: Setup, changes: dict, rate: float) -> dict:
     cfg = setup.base.replace(**changes)
-    sim = Simulator(cfg, setup.cost, setup.behaviour_factory(), setup.model_info, logit_shift=setup.logit_shift)
+    sim = Simulator(cfg, setup.cost, make_behaviour(setup.behaviour), setup.model_info, logit_shift=setup.logit_shift)
     return sim.run(rescale(setup.requests, rate)).summary()
 
 
@@ -66,15 +73,11 @@ def meets(setup: Setup, s: dict) -> bool:
     return (s["completed"] == s["requests"] and s[f"{setup.slo_metric}_s"] <= setup.slo_s)
 
 
-def capacity(setup: Setup, changes: dict, start_rate: float = 1.0, tolerance: float = 0.05,
-             progress=None) -> dict:
+def capacity(setup: Setup, changes: dict, start_rate: float = 1.0, tolerance: float = 0.05) -> dict:
     """The capacity search for one candidate; the result at the capacity (None when even the lowest
     rate probed misses the SLO)."""
     def measure(rate):
-        s = simulate(setup, changes, rate)
-        if progress is not None:
-            progress.update(1)
-        return s
+        return simulate(setup, changes, rate)
     found = find_capacity_sync(measure, lambda s: meets(setup, s), start_rate=start_rate, tolerance=tolerance,
                                max_rate=start_rate * 2 ** 12, max_steps=24)
     at = next((h["result"] for h in found["history"] if h["rate"] == found["capacity"]), None)
@@ -82,20 +85,36 @@ def capacity(setup: Setup, changes: dict, start_rate: float = 1.0, tolerance: fl
             "probes": len(found["history"])}
 
 
+def _capacity_job(setup: Setup, changes: dict, start_rate: float, tolerance: float) -> dict:
+    return capacity(setup, changes, start_rate, tolerance)
+
+
 def plan(setup: Setup, cands: list[Candidate], start_rate: float = 1.0, tolerance: float = 0.05,
-         progress: bool = True) -> list[dict]:
+         progress: bool = True, jobs: int = 1) -> list[dict]:
+    """Every candidate's capacity, best first; `jobs` > 1 simulates candidates in that many processes."""
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(cands) * 10, desc="simulating", unit="run", leave=False)
-    rows = []
-    for c in cands:
-        r = capacity(setup, c.changes, start_rate, tolerance, bar)
-        rows.append({"candidate": c.name, "config": c.changes, **r})
-        if bar is not None:
-            bar.set_postfix_str(f"{c.name}: {r['capacity_req_s']:.2f} req/s")
+        bar = tqdm(total=len(cands), desc="candidates", unit="config", leave=False)
+    results: dict[str, dict] = {}
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            futs = {ex.submit(_capacity_job, setup, c.changes, start_rate, tolerance): c for c in cands}
+            for f in as_completed(futs):
+                results[futs[f].name] = f.result()
+                if bar is not None:
+                    bar.update(1)
+    else:
+        for c in cands:
+            results[c.name] = capacity(setup, c.changes, start_rate, tolerance)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{c.name}: {results[c.name]['capacity_req_s']:.2f} req/s")
     if bar is not None:
         bar.close()
+    rows = [{"candidate": c.name, "config": c.changes, **results[c.name]} for c in cands]
     rows.sort(key=lambda r: -r["capacity_req_s"])
     return rows
 
@@ -168,12 +187,8 @@ def build_setup(model: str, device: str, workload: str | None, trace: str | None
     else:
         requests = preset_workload(workload or "sharegpt", num_requests, 1.0, seed, max_tokens=max_tokens,
                                    max_len=min(max_len, 8192))
-    if replay is not None:
-        rows = load_trace_rows(replay)
-        factory = (lambda: ReplayBehaviour(rows, seed))
-    else:
-        factory = (lambda: ParametricBehaviour(model if model in ("llada-8b", "dream-7b") else "llada-8b", seed))
-    return Setup(info, shift, cost, factory, requests, base, slo_metric, slo_s,
+    spec = ("replay", load_trace_rows(replay), seed) if replay is not None else ("parametric", model, seed)
+    return Setup(info, shift, cost, spec, requests, base, slo_metric, slo_s,
                  {"cost": cost.describe(), "workload": trace or workload, "requests": num_requests,
                   "max_tokens": max_tokens, "threshold": threshold, "block_length": block_length})
 
@@ -185,7 +200,8 @@ def run_plan(args) -> int:
                         replay=args.replay, seed=args.seed, num_workers=args.workers)
     taus = tuple(None if t in ("inf", "none") else int(t) for t in args.taus.split(","))
     cands = candidates(args.workers, taus, args.theta, splits=args.workers > 1)
-    rows = plan(setup, cands, args.start_rate, args.tolerance, progress=not args.json and not args.no_progress)
+    rows = plan(setup, cands, args.start_rate, args.tolerance, progress=not args.json and not args.no_progress,
+                jobs=args.jobs)
     if args.plot:
         plot(rows, args.plot, f"simulated: {args.model} on {args.workers} x {args.device}, "
                               f"{args.trace or args.workload}, {args.slo_metric} <= {args.slo_s:g} s")
