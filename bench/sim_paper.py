@@ -17,11 +17,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from dllm_server.sim.plan import build_setup, capacity, simulate
+
+JOBS = 1
+
+
+def pmap(calls: list[tuple]) -> list:
+    """[(fn, *args)] -> results, in JOBS processes (the runs are independent)."""
+    if JOBS <= 1:
+        return [c[0](*c[1:]) for c in calls]
+    with ProcessPoolExecutor(JOBS, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return list(ex.map(_call, calls))
+
+
+def _call(c: tuple):
+    return c[0](*c[1:])
 
 MIXES = {   # name -> (model, loadgen preset); lengths fitted to a 4096-token context (Sangam's arXiv recipe)
     "decode-heavy (LLaDA-8B, ShareGPT)": ("llada-8b", "sharegpt"),
@@ -62,25 +78,30 @@ def exp_a(n: int, out: dict) -> None:
     print(f"\n### A. capacity at matched latency, 8 workers, {mix} (simulated)\n")
     print("| host term | device | SLO p90 (s) | batch-1 baseline (req/s) | colocated tau=1024 (req/s) | ratio |")
     print("|---|---|---|---|---|---|")
-    res = []
+    setups = []
     for device in ("h100", "h200"):
         for label in ("as assumed (1 ms + 60 us/row)", "dispatch-bound (76 % of batch-1 time)"):
             s = setup_for(mix, n, device)
             if label.startswith("dispatch"):
-                it = dict(decode_tokens=32, decode_keys=1100, num_decodes=1)
                 from dllm_server.sim.gpu_cost import _It
-                fwd = s.cost.forward_s(_It(**it))
+                fwd = s.cost.forward_s(_It(decode_tokens=32, decode_keys=1100, num_decodes=1))
                 s.cost = dataclasses.replace(s.cost, eff=dataclasses.replace(
                     s.cost.eff, host_base_s=fwd * 0.76 / 0.24, host_per_row_s=0.0,
                     source="host = 76 % of batch-1 time (dilaserve_eval_ray.md 2.2, item 5)"))
-            s.slo_s = slo_from_baseline(s)
-            base = capacity(s, {**COLOCATED, **BASELINE}, start_rate=1.0, tolerance=0.05)
-            ours = capacity(s, COLOCATED, start_rate=4.0, tolerance=0.05)
-            ratio = ours["capacity_req_s"] / base["capacity_req_s"] if base["capacity_req_s"] else None
-            print(f"| {label} | {device} | {s.slo_s:.2f} | {base['capacity_req_s']:.2f} | {ours['capacity_req_s']:.2f} | "
-                  f"**{fmt(ratio)}x** |", flush=True)
-            res.append({"device": device, "host": label, "slo_p90_s": s.slo_s, "baseline": base, "colocated": ours,
-                        "ratio": ratio, "cost": s.cost.describe()})
+            setups.append((device, label, s))
+    slos = pmap([(slo_from_baseline, s) for _, _, s in setups])
+    for (_, _, s), slo in zip(setups, slos):
+        s.slo_s = slo
+    caps = pmap([c for _, _, s in setups for c in ((capacity, s, {**COLOCATED, **BASELINE}, 1.0, 0.05),
+                                                      (capacity, s, COLOCATED, 4.0, 0.05))])
+    res = []
+    for k, (device, label, s) in enumerate(setups):
+        base, ours = caps[2 * k], caps[2 * k + 1]
+        ratio = ours["capacity_req_s"] / base["capacity_req_s"] if base["capacity_req_s"] else None
+        print(f"| {label} | {device} | {s.slo_s:.2f} | {base['capacity_req_s']:.2f} | {ours['capacity_req_s']:.2f} | "
+              f"**{fmt(ratio)}x** |", flush=True)
+        res.append({"device": device, "host": label, "slo_p90_s": s.slo_s, "baseline": base, "colocated": ours,
+                    "ratio": ratio, "cost": s.cost.describe()})
     out["A"] = res
 
 
@@ -96,8 +117,8 @@ def exp_b(n: int, out: dict, load: float = 0.8) -> None:
               f"{n} requests\n")
         print("| tau | mean (s) | p50 (s) | p99 (s) | req/s | output tok/s |\n|---|---|---|---|---|---|")
         rows = []
-        for tau in TAUS:
-            r = simulate(s, {**COLOCATED, "token_budget": tau}, rate)
+        runs = pmap([(simulate, s, {**COLOCATED, "token_budget": tau}, rate) for tau in TAUS])
+        for tau, r in zip(TAUS, runs):
             rows.append({"tau": tau, **r})
             print(f"| {'inf' if tau is None else tau} | {r['mean_s']:.2f} | {r['p50_s']:.2f} | {r['p99_s']:.2f} | "
                   f"{r['req_s']:.2f} | {r['tok_s']:.0f} |", flush=True)
@@ -110,16 +131,18 @@ def exp_c(n: int, out: dict) -> None:
     for mix in MIXES:
         s = setup_for(mix, n)
         s.slo_s = slo_from_baseline(s)
-        caps = {name: capacity(s, cfg, start_rate=4.0, tolerance=0.05)["capacity_req_s"] for name, cfg in PLACEMENTS.items()}
+        found = pmap([(capacity, s, cfg, 4.0, 0.05) for cfg in PLACEMENTS.values()])
+        caps = {name: f["capacity_req_s"] for name, f in zip(PLACEMENTS, found)}
         ref = caps["colocated x8"]
         loads = (0.5, 0.7, 0.9)
+        runs = iter(pmap([(simulate, s, cfg, x * ref) for cfg in PLACEMENTS.values() for x in loads]))
         print(f"\n{mix} (SLO p90 <= {s.slo_s:.2f} s; loads as shares of the colocated capacity {ref:.2f} req/s)\n")
         print("| placement | capacity (req/s) | " + " | ".join(f"mean at {x:.0%} (s)" for x in loads) +
               " | vs colocated at 70 % |")
         print("|---|---|" + "---|" * len(loads) + "---|")
         rows = {}
         for name, cfg in PLACEMENTS.items():
-            rows[name] = {"capacity": caps[name], "loads": {x: simulate(s, cfg, x * ref) for x in loads}}
+            rows[name] = {"capacity": caps[name], "loads": {x: next(runs) for x in loads}}
         for name, r in rows.items():
             m = [r["loads"][x]["mean_s"] for x in loads]
             rel = m[1] / rows["colocated x8"]["loads"][0.7]["mean_s"] - 1
@@ -138,14 +161,14 @@ def exp_d(n: int, out: dict, max_tokens: int = 512) -> None:
     s32 = setup_for(mix, n, block_length=32, max_tokens=max_tokens)
     slo = slo_from_baseline(s32)               # one SLO for every block length: the 32-token baseline's
     res = []
-    for block in (32, 64, 128, 256, max_tokens):
-        s = setup_for(mix, n, block_length=block, max_tokens=max_tokens, slo_s=slo)
-        caps = {k: capacity(s, cfg, start_rate=4.0, tolerance=0.05)["capacity_req_s"]
-                for k, cfg in (("batch-1", {**COLOCATED, **BASELINE}), ("tau=1024", COLOCATED),
-                               ("tau=inf", {**COLOCATED, "token_budget": None}))}
-        rate = 0.8 * caps["tau=1024"]
-        lat = {k: simulate(s, cfg, rate) for k, cfg in (("tau=1024", COLOCATED),
-                                                         ("tau=inf", {**COLOCATED, "token_budget": None}))}
+    blocks_ = (32, 64, 128, 256, max_tokens)
+    kinds = (("batch-1", {**COLOCATED, **BASELINE}), ("tau=1024", COLOCATED), ("tau=inf", {**COLOCATED, "token_budget": None}))
+    setups = [setup_for(mix, n, block_length=b, max_tokens=max_tokens, slo_s=slo) for b in blocks_]
+    found = iter(pmap([(capacity, s, cfg, 4.0, 0.05) for s in setups for _, cfg in kinds]))
+    caps_all = [{k: next(found)["capacity_req_s"] for k, _ in kinds} for _ in setups]
+    lats = iter(pmap([(simulate, s, cfg, 0.8 * c["tau=1024"]) for s, c in zip(setups, caps_all) for _, cfg in kinds[1:]]))
+    for block, s, caps in zip(blocks_, setups, caps_all):
+        lat = {k: next(lats) for k, _ in kinds[1:]}
         blocks = sum(-(-(r.eos_at + 1 if r.eos_at is not None else r.max_tokens) // block) for r in s.requests) / len(s.requests)
         ratio = caps["tau=1024"] / caps["tau=inf"] if caps["tau=inf"] else None
         label = f"{block}" + (" (one block per answer)" if block == max_tokens else "")
@@ -160,7 +183,10 @@ def main() -> None:
     ap.add_argument("--only", default="A,B,C,D")
     ap.add_argument("--requests", type=int, default=500, help="requests per simulated run")
     ap.add_argument("--out", type=Path, default=Path("docs/results/sim_paper.json"))
+    ap.add_argument("--jobs", type=int, default=1, help="independent simulations in this many processes")
     a = ap.parse_args()
+    global JOBS
+    JOBS = a.jobs
     only = set(a.only.split(","))
     out = json.loads(a.out.read_text()) if a.out.exists() else {}
     t = time.perf_counter()
