@@ -90,6 +90,7 @@ async def exp_c(base: ServerConfig, n: int, rates: dict):
         print("| placement | output tok/s | mean (s) | p50 (s) | p99 (s) |\n|---|---|---|---|---|")
         reqs = workload(mix, n, rates[mix], seed=3)
         for placement, kw in (("colocated x2", dict(num_workers=2)),
+                              ("colocated x2, routing by predicted completion", dict(num_workers=2, routing="completion")),
                               ("disaggregated 1P+1D", dict(placement="disaggregated", num_workers=1)),
                               ("hybrid 1P+1D", dict(placement="hybrid", num_workers=1,
                                                     overflow_threshold_tokens=2048))):

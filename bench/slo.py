@@ -139,9 +139,10 @@ async def main_async(a) -> dict:
                       f"mean {sm['e2el_ms']['mean']:.0f} ms, p99 {sm['e2el_ms']['p99']:.0f} ms, mean threshold "
                       f"{sm['slo']['mean_threshold']}", flush=True)
             tick = await tick_cost(s.url, PROMPTS[0]) if name in ("fixed 0.9", "slo + load control") else None
+            models = {k: metric(s.url, k) for k in ("dllm:step_time_rel_error", "dllm:threshold_cap")}
         finally:
             s.stop()
-        report["configs"][name] = {"runs": runs, "tick_s": tick}
+        report["configs"][name] = {"runs": runs, "tick_s": tick, "server": models}
     # 4: quality, offline
     llm = LLM(model, dtype=a.dtype)
     refs = {}
@@ -173,6 +174,9 @@ def print_tables(rep: dict) -> None:
     ticks = {n: c["tick_s"] for n, c in rep["configs"].items() if c["tick_s"] is not None}
     print("\nfront-loop time per scheduler tick, 64 requests in flight: " +
           ", ".join(f"{n} {1e6 * t:.0f} us" for n, t in ticks.items()))
+    errs = {n: c["server"]["dllm:step_time_rel_error"] for n, c in rep["configs"].items() if "slo" in n}
+    print("step-time model, mean relative error on the iterations it predicted: " +
+          ", ".join(f"{n} {100 * e:.1f} %" for n, e in errs.items()))
 
 
 def plot(rep: dict, path: str) -> None:

@@ -51,6 +51,8 @@ class ServerConfig:
     quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose")
     load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
                             "exceed the cluster's capacity")
+    load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the "
+                            "workers can run within the SLO (headroom for bursts of Poisson-like arrivals)")
     step_predictor: str | None = _f(None, "step predictor artefact (JSON); none: step_predictor.json in the model "
                                     "folder when present, else the simple estimator")
     trace_dir: str | None = _f(None, "write per-step decoding traces (JSONL) to this folder (to train the step "
@@ -104,6 +106,8 @@ class ServerConfig:
             bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")
         if not any(c >= self.quality_floor for c in cands):
             bad("quality_floor", f"{self.quality_floor} is above every candidate threshold {cands}")
+        if not 0.1 <= self.load_target <= 1.0:
+            bad("load_target", f"must be in [0.1, 1], got {self.load_target}")
         if self.default_slo_ms is not None and not self.default_slo_ms > 0:
             bad("default_slo_ms", f"must be > 0 or None, got {self.default_slo_ms}")
         if self.block_length < 1:

@@ -122,8 +122,11 @@ async def test_kill_9_of_the_decode_worker_mid_handoffs(engine_config):
     async with running(engine_config.replace(placement="disaggregated", num_workers=1)) as engine:
         params = SamplingParams(max_tokens=96, ignore_eos=True, steps=96)
         tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3] * 20}, params)) for i in range(30)]
-        await asyncio.sleep(1.5)
-        assert engine.stats().counters.kv_handoffs > 0
+        # Kill as soon as KV streams (a fixed sleep raced the run: on a fast machine all 30 were done).
+        deadline = time.monotonic() + 30
+        while engine.stats().counters.kv_handoffs < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert engine.stats().counters.kv_handoffs >= 3 and not all(t.done() for t in tasks)
         os.kill(engine.stats().workers[1].pid, signal.SIGKILL)
         done, pending = await asyncio.wait(tasks, timeout=60)
         assert not pending, f"{len(pending)} requests hung"

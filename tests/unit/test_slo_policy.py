@@ -89,3 +89,27 @@ def test_simple_estimator_is_pessimistic_until_it_sees_a_stop():
     assert out["block_rem"][0] == 4 and out["fut_blocks"][0] == 2 and out["fut_forwards"][0] == 16
     p.eos_seen = True
     assert SimpleEstimator().predict(np.asarray([feature_row(p, 0.9, CANDS)]))["fut_blocks"][0] == 0
+
+
+def test_batched_choice_equals_one_at_a_time():
+    from dllm_server.policy.thresholds import choose_indices
+    rng = np.random.default_rng(3)
+    secs = np.sort(rng.random((50, 6)), axis=1)[:, ::-1]          # higher thresholds take longer
+    budgets = rng.random(50)
+    budgets[::7] = np.inf
+    for cap, floor in ((0.95, 0.5), (0.8, 0.6), (0.5, 0.5)):
+        got = choose_indices(CANDS, secs, budgets, cap, floor)
+        ok = allowed(CANDS, cap, floor)
+        for r in range(50):                                       # the rule, written out plainly
+            want = next((c for c, t in zip(CANDS, secs[r]) if c in ok and t <= budgets[r]), ok[-1])
+            assert CANDS[got[r]] == want
+
+
+def test_capacity_within_the_slo_and_a_cap_per_candidate():
+    t = lambda n: 0.0077 + 0.0027 * n          # noqa: E731  (the demo model's decode step on this CPU)
+    assert capacity_rate(t, 64, max_iteration_s=0.518 / 33) == pytest.approx(2 / t(2))   # 33 forwards in 518 ms
+    assert capacity_rate(t, 64, max_iteration_s=0.001) == pytest.approx(1 / t(1))        # batch 1 always counts
+    c = LoadController(CANDS)
+    capacity = np.array([191.0, 200, 230, 250, 270, 281])      # lower caps: fewer forwards, bigger batches fit
+    demand = np.array([264.0, 250, 210, 180, 150, 128])        # 8 req/s x forwards at each cap
+    assert c.update(demand, capacity) == 0.7                   # the highest cap with demand <= 90 % of capacity

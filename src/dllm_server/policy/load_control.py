@@ -1,9 +1,11 @@
-"""Cluster-wide load control (DiLaServe): a cap on every request's threshold. The worst-case load
-is every active and waiting request decoding the rest of its answer at the highest threshold it
-is allowed; if the forward rate that needs (work over each request's remaining budget) exceeds
-what the workers can run, the cap comes down until it fits, never below the quality floor, and
-goes back up when load falls. Pure demand/capacity functions plus a small controller state
-with hysteresis, so a steady load settles on one cap."""
+"""Cluster-wide load control (DiLaServe): a cap on every request's threshold. For each candidate
+cap, the forward rate the load needs (the arrival rate times a new request's predicted forwards
+at that cap, or the in-flight requests' remaining forwards over their remaining budgets, the
+larger) against the rate the workers can run *within the SLO* at that cap (a batch may only
+grow while an iteration stays short enough for a request's forwards to fit its budget). When
+demand exceeds capacity the cap comes down until it fits, never below the quality floor, and
+goes back up when load falls. Pure demand/capacity functions plus a small controller state with
+hysteresis, so a steady load settles on one cap."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,15 +23,18 @@ def demand_rate(work: np.ndarray, budgets_s: np.ndarray, min_horizon_s: float) -
     return (work / np.maximum(budgets_s, min_horizon_s)[:, None]).sum(axis=0)
 
 
-def capacity_rate(iteration_s: Callable[[int], float], max_batch: int) -> float:
+def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf")) -> float:
     """Request-forwards per second one worker can run: a batch of n advances n requests by one
-    forward per iteration, so the best n / t(n) over the batch sizes it may seat."""
-    sizes = sorted({1 << i for i in range(max(1, max_batch).bit_length()) if 1 << i <= max_batch} | {max_batch})
+    forward per iteration, so the best n / t(n) over the batch sizes it may seat whose iteration
+    stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
     best = 0.0
-    for n in sizes:
+    for n in range(1, max(1, max_batch) + 1):
         t = iteration_s(n)
-        if t > 0:
-            best = max(best, n / t)
+        if t <= 0:
+            continue
+        if n > 1 and t > max_iteration_s:
+            break                       # iteration time grows with the batch
+        best = max(best, n / t)
     return best
 
 
@@ -44,15 +49,18 @@ class LoadController:
     def cap(self) -> float:
         return self.candidates[self.cap_index]
 
-    def update(self, demand: np.ndarray, capacity: float) -> float:
-        """demand[i]: the forward rate needed if the cap were candidates[i]. Lower at once to the
-        highest cap that fits (the floor when none does); raise one step at a time, only with room."""
-        if capacity <= 0 or len(demand) != len(self.candidates):
+    def update(self, demand: np.ndarray, capacity) -> float:
+        """demand[i] / capacity[i] (or one capacity for all): the forward rate needed and available
+        if the cap were candidates[i]. Lower at once to the highest cap that fits (the floor when
+        none does); raise one step at a time, only with room to spare."""
+        cap = np.broadcast_to(np.asarray(capacity, dtype=float), (len(self.candidates),))
+        if len(demand) != len(self.candidates) or not (cap > 0).all():
             return self.cap
-        limit = self.target * capacity
-        if demand[self.cap_index] > limit:
-            fits = [i for i in range(self.cap_index, len(self.candidates)) if demand[i] <= limit]
+        limit = self.target * cap
+        i = self.cap_index
+        if demand[i] > limit[i]:
+            fits = [j for j in range(i, len(self.candidates)) if demand[j] <= limit[j]]
             self.cap_index = fits[0] if fits else len(self.candidates) - 1
-        elif self.cap_index > 0 and demand[self.cap_index - 1] <= (self.target - self.hysteresis) * capacity:
-            self.cap_index -= 1
+        elif i > 0 and demand[i - 1] <= (self.target - self.hysteresis) * cap[i - 1]:
+            self.cap_index = i - 1
         return self.cap

@@ -72,16 +72,25 @@ class WorkerLoadModel:
         canvas = state.prompt_len + state.answer_len
         return {w: self.completion_s(w, canvas, forwards) for w in workers}
 
-    def capacity(self) -> float:
-        """Request-forwards per second all workers with a fitted model can run."""
+    def capacity(self, max_iteration_s: float = float("inf"), arrival_rate: float = 0.0) -> float:
+        """Request-forwards per second all workers with a fitted model can run, with every
+        iteration within `max_iteration_s` (what a request's SLO allows per forward). New
+        requests (`arrival_rate` per second, shared out over the workers) bring their prefills
+        into the iterations, which makes each of them longer."""
+        ready = [w for w, m in self.models.items() if m.ready]
         total = 0.0
-        for w, m in self.models.items():
-            if not m.ready:
-                continue
-            r = self.reports.get(w)
+        for w in ready:
+            m, r = self.models[w], self.reports.get(w)
             seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
             keys = r.decode_keys / r.num_active_decodes if r is not None and r.num_active_decodes else 256
-            total += capacity_rate(lambda n, m=m, k=keys: m.predict(features(n * self.block_length, n * k)), seats)
+            lam = arrival_rate / len(ready)
+
+            def t(n, m=m, k=keys, lam=lam):
+                t0 = m.predict(features(n * self.block_length, n * k))
+                share = lam * t0                       # prefills landing in one iteration, on average
+                return m.predict(features(n * self.block_length, n * k, share * k, share * k * k, recompute=True)) \
+                    if share > 0 else t0
+            total += capacity_rate(t, seats, max_iteration_s)
         return total
 
     def step_time_error(self) -> float | None:

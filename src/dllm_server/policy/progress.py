@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..decoding.commit import CONFIDENCE_STATS
 from ..engine.request_state import RequestState
 from ..messages import StepDelta
@@ -86,3 +88,25 @@ def feature_row(p: Progress, tau: float, candidates: tuple[float, ...]) -> list[
             p.masked_in_block / p.block_length, p.committed_last, p.answer_masked, p.prefix_len / p.max_tokens,
             float(p.eos_seen), p.forwards, sum(done) / len(done) if done else UNKNOWN, p.prompt_len, p.max_tokens,
             p.block_length, *stats, clear, clear / p.masked_in_block if clear >= 0 and p.masked_in_block else UNKNOWN]
+
+
+TAU, CLEAR, CLEAR_FRAC = FEATURES.index("tau"), FEATURES.index("clear_tau"), FEATURES.index("clear_tau_frac")
+
+
+def candidate_rows(progress: list[Progress], base: np.ndarray, taus: tuple[float, ...],
+                   candidates: tuple[float, ...]) -> np.ndarray:
+    """`base` [R, F] (each request's feature_row at any tau) expanded to [R * len(taus), F]: the same
+    rows at every tau, with the tau-dependent columns (tau, clear_tau, clear_tau_frac) set."""
+    n_stats = len(CONFIDENCE_STATS)
+    rows = np.repeat(base, len(taus), axis=0)
+    rows[:, TAU] = np.tile(taus, len(progress))
+    clear = np.full((len(progress), len(taus)), UNKNOWN)
+    for i, p in enumerate(progress):
+        counts = p.summary[n_stats:]
+        if p.summary and len(counts) == len(candidates):
+            clear[i] = [counts[candidates.index(t)] if t in candidates else UNKNOWN for t in taus]
+    masked = np.repeat(base[:, FEATURES.index("masked_in_block")], len(taus))
+    clear = clear.ravel()
+    rows[:, CLEAR] = clear
+    rows[:, CLEAR_FRAC] = np.where((clear >= 0) & (masked > 0), clear / np.maximum(masked, 1), UNKNOWN)
+    return rows

@@ -22,12 +22,13 @@ from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
 from .load_control import LoadController, demand_rate
 from .load_model import WorkerLoadModel
-from .progress import Progress, feature_row
-from .thresholds import allowed, choose_threshold, remaining_seconds
+from .progress import Progress, candidate_rows, feature_row
+from .thresholds import allowed, choose_indices, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
 REVISE_INTERVAL_S = 0.2       # leased next blocks are re-decided at most this often (a block lasts longer)
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
+ARRIVAL_WINDOW_S = 5.0        # the arrival rate load control sees: admissions over this window
 
 
 class SLOPolicy(StaticPolicy):
@@ -49,7 +50,10 @@ class SLOPolicy(StaticPolicy):
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
         self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
         self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
-        self.controller = LoadController(self.candidates) if config.load_control else None
+        self.new_work: np.ndarray | None = None                      # a new request's forwards per candidate (EWMA)
+        self.arrivals: collections.deque = collections.deque(maxlen=4096)   # admission times
+        self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
+        self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
         self._controlled_at = self._revised_at = -1e9
         self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
         self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
@@ -109,34 +113,50 @@ class SLOPolicy(StaticPolicy):
         return {st.request_id: BlockPolicy(t) for (st, _, pol), t in zip(todo, taus) if t != pol.threshold}
 
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
-        """One batched prediction for every (request, block to decide), every candidate."""
-        rows, cur_rows, meta = [], [], []
+        """One batched prediction for every (request, block to decide), every candidate; the
+        choice itself vectorised over requests (the front loop's cost grows slowly with load)."""
+        cands = self.candidates
+        progs, base, starting, budgets, costs = [], [], [], [], {}
         for st, k in items:
             p = self.progress.get(st.request_id) or Progress.start(st)
             p.updated = False
-            starting = p.block_index == k and p.step == 0          # the decided block is the next to run
-            cur_tau = self.decided[st.request_id].get(p.block_index, self.cap)
-            rows += [feature_row(p, c, self.all_candidates) for c in self.candidates]
-            cur_rows.append(feature_row(p, cur_tau, self.all_candidates))
-            meta.append((st, k, p, starting))
-        pred, cur = self._predict(np.asarray(rows), np.asarray(cur_rows), any(m[3] for m in meta))
-        out, n = [], len(self.candidates)
-        for i, (st, k, p, starting) in enumerate(meta):
+            progs.append(p)
+            starting.append(p.block_index == k and p.step == 0)   # the decided block is the next to run
+            base.append(feature_row(p, self.decided[st.request_id].get(p.block_index, self.cap),
+                                    self.all_candidates))
+            b = self._budget(st, now)
+            budgets.append(np.inf if b is None else b)
             w = self.where.get(st.request_id)
-            t_iter, t_wait = self.load.costs(w)
-            sl = slice(i * n, (i + 1) * n)
-            block_rem = pred["block_rem"][sl] if starting else np.full(n, cur["block_rem"][i])
-            secs = {c: remaining_seconds(b, f, fb, t_iter, t_wait)
-                    for c, b, f, fb in zip(self.candidates, block_rem, pred["fut_forwards"][sl], pred["fut_blocks"][sl])}
-            tau = choose_threshold(self.candidates, secs, self._budget(st, now), self.cap, self.floor)
-            self.decided[st.request_id][k] = tau
-            self.work[st.request_id] = block_rem + pred["fut_forwards"][sl]
-            j = self.candidates.index(tau)
-            remaining = float(block_rem[j] + pred["fut_forwards"][sl][j])
-            if st.request_id not in self.first_guess:            # at admission: the one-shot estimate
-                self.first_guess[st.request_id] = p.forwards + remaining
+            if w not in costs:
+                costs[w] = self.load.costs(w)
+        base = np.asarray(base)
+        rows = candidate_rows(progs, base, cands, self.all_candidates)
+        pred, cur = self._predict(rows, base, any(starting))
+        r, n = len(items), len(cands)
+        fut, fut_blocks = pred["fut_forwards"].reshape(r, n), pred["fut_blocks"].reshape(r, n)
+        block_rem = np.where(np.asarray(starting)[:, None], pred["block_rem"].reshape(r, n) if "block_rem" in pred
+                             else 0.0, cur["block_rem"][:, None])
+        t_iter, t_wait = (np.asarray([costs[self.where.get(st.request_id)][j] for st, _ in items]) for j in (0, 1))
+        secs = remaining_seconds(block_rem, fut, fut_blocks, t_iter[:, None], t_wait[:, None])
+        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor)
+        work = block_rem + fut
+        out = []
+        for i, ((st, k), p, j) in enumerate(zip(items, progs, pick)):
+            tau = cands[j]
+            rid = st.request_id
+            self.decided[rid][k] = tau
+            self.work[rid] = work[i]
+            self.states[rid] = st
+            if starting[i] and k == 0 and rid not in self.first_guess:     # an admission
+                self.arrivals.append(now)
+                self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
+                if np.isfinite(budgets[i]):
+                    self.budgets.append(budgets[i])
+            remaining = float(work[i, j])
+            if rid not in self.first_guess:                   # at admission: the one-shot estimate
+                self.first_guess[rid] = p.forwards + remaining
             else:
-                self.online_guess[st.request_id].append((p.forwards, remaining))
+                self.online_guess[rid].append((p.forwards, remaining))
             out.append(tau)
         return out
 
@@ -156,16 +176,22 @@ class SLOPolicy(StaticPolicy):
         return None if slo is None else slo - (now - st.arrived_at)
 
     def _control(self, now: float) -> None:
-        """Lower / raise the cap from the worst-case demand against the workers' capacity."""
+        """Lower / raise the cap: the forward rate the load needs at each cap against what the
+        workers can run within the SLO at that cap."""
         self._controlled_at = now
-        live = [rid for rid in self.states if rid in self.work]      # requests with a current prediction
-        if not live:
+        live = [rid for rid in self.work if rid in self.states]
+        if not live or self.new_work is None:
             return
         work = np.stack([self.work[rid] for rid in live])
         budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
                               for rid in live])
-        demand = demand_rate(work, budgets, 1.0)
-        self.controller.update(demand, self.load.capacity())
+        inflight = demand_rate(work, budgets, 1.0)
+        window = min(ARRIVAL_WINDOW_S, now - self.arrivals[0]) if self.arrivals else 0.0
+        rate = sum(1 for t in self.arrivals if t >= now - ARRIVAL_WINDOW_S) / max(window, 1.0)
+        demand = np.maximum(inflight, rate * self.new_work)
+        slo = float(np.median(self.budgets)) if self.budgets else DEFAULT_HORIZON_S
+        capacity = np.asarray([self.load.capacity(slo / max(1.0, w), rate) for w in self.new_work])
+        self.controller.update(demand, capacity)
 
     # ---- observability ----
     def summary(self) -> dict:

@@ -6,9 +6,11 @@ time = c0 + c1 * decode_tokens + c2 * decode_keys + [c3 * prefill_tokens + c4 * 
 
 decode_keys (the key positions the decodes attend to) and prefill_sq (the sum of squared canvas
 lengths: a full forward's attention is quadratic in its canvas) carry attention's cost; the
-token terms carry the linear layers. Coefficients are fitted by least squares (ridge-damped,
-clipped at 0: time never falls with more work) to a start-up profile and then to the worker's
-own iteration reports, refitted every few reports. Pure functions plus a small state.
+token terms carry the linear layers. Coefficients are non-negative least squares (time never
+falls with more work), fitted to a start-up profile and then to the worker's own iteration
+reports, refitted every few reports. Recompute iterations are rarer, so only their prefill part
+is fitted to them: what the cache-step model predicts for their decodes is taken as known, and
+the rest is `c3 prefill_tokens + c4 prefill_sq`. Pure functions plus a small state.
 """
 from __future__ import annotations
 
@@ -39,12 +41,20 @@ def report_features(r: LoadReport) -> np.ndarray:
 
 
 def fit(x: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> np.ndarray:
-    """Least squares with a small ridge (a profile may not vary every column); negatives clipped."""
+    """Non-negative least squares (a small ridge: a profile may not vary every column): solve,
+    drop the most negative coefficient's column, solve again, until none is negative."""
     k = x.shape[1]
-    a = np.vstack([x, np.sqrt(ridge) * np.eye(k)])
-    b = np.concatenate([y, np.zeros(k)])
-    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    return np.maximum(coef, 0.0)
+    active = list(range(k))
+    coef = np.zeros(k)
+    while active:
+        a = np.vstack([x[:, active], np.sqrt(ridge) * np.eye(len(active))])
+        b = np.concatenate([y, np.zeros(len(active))])
+        sol, *_ = np.linalg.lstsq(a, b, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
 
 
 @dataclass(slots=True)
@@ -79,10 +89,18 @@ class StepTimeModel:
 
     def _refit(self, kind: _Kind) -> None:
         kind.since_fit = 0
-        if len(kind.samples) >= 2:
-            x = np.stack([s[0] for s in kind.samples])
-            y = np.asarray([s[1] for s in kind.samples])
+        if len(kind.samples) < 2:
+            return
+        x = np.stack([s[0] for s in kind.samples])
+        y = np.asarray([s[1] for s in kind.samples])
+        cache = self.kinds[False].coef
+        n = len(CACHE_COLUMNS)
+        if kind is self.kinds[True] and cache is not None:   # the prefill part of what the decodes leave
+            kind.coef = np.concatenate([cache, fit(x[:, n:], y - x[:, :n] @ cache)])
+        else:
             kind.coef = fit(x, y)
+        if kind is self.kinds[False] and self.kinds[True].samples:
+            self._refit(self.kinds[True])                    # its decode part just changed
 
     @property
     def ready(self) -> bool:

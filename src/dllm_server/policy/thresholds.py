@@ -1,6 +1,9 @@
 """Threshold selection (DiLaServe): for a block, the highest candidate threshold whose predicted
-remaining latency fits what is left of the request's SLO budget. Pure functions."""
+remaining latency fits what is left of the request's SLO budget. Pure functions (one request, or
+a batch of them at once)."""
 from __future__ import annotations
+
+import numpy as np
 
 
 def remaining_seconds(block_rem: float, fut_forwards: float, fut_blocks: float, iteration_s: float,
@@ -20,14 +23,21 @@ def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[fl
     return (min(above),) if above else (max(candidates),)
 
 
+def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s: np.ndarray, cap: float,
+                   floor: float) -> np.ndarray:
+    """For a batch: seconds [R, C] (predicted remaining latency of request r at candidates[c],
+    highest first), budgets_s [R] (inf: no SLO). Per request, the index of the highest allowed
+    candidate that fits its budget, else of the lowest allowed."""
+    ok = np.asarray([c in allowed(candidates, cap, floor) for c in candidates])
+    fits = ok & (seconds <= np.asarray(budgets_s, dtype=float)[:, None])
+    lowest_ok = len(candidates) - 1 - int(np.argmax(ok[::-1]))
+    return np.where(fits.any(axis=1), np.argmax(fits, axis=1), lowest_ok)
+
+
 def choose_threshold(candidates: tuple[float, ...], predicted_s: dict[float, float], budget_s: float | None,
                      cap: float, floor: float) -> float:
-    """The highest allowed candidate whose predicted remaining latency fits `budget_s`; the lowest
-    allowed when none fits; the highest allowed when the request has no SLO (budget None)."""
-    ok = allowed(candidates, cap, floor)
-    if budget_s is None:
-        return ok[0]
-    for c in ok:
-        if predicted_s[c] <= budget_s:
-            return c
-    return ok[-1]
+    """One request: the highest allowed candidate whose predicted remaining latency fits
+    `budget_s`; the lowest allowed when none fits; the highest allowed without an SLO (None)."""
+    secs = np.asarray([[predicted_s[c] for c in candidates]])
+    budget = np.inf if budget_s is None else budget_s
+    return candidates[int(choose_indices(candidates, secs, np.asarray([budget]), cap, floor)[0])]

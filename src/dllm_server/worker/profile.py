@@ -55,10 +55,12 @@ def _profile_once(core: WorkerCore, max_len: int) -> tuple[tuple[float, ...], ..
         step(2)                                           # 2 decodes
         submit("\x00profile-long", lengths[-1])
         step(1)                                           # a prefill beside 2 decodes
+        submit("\x00profile-short", lengths[0])
+        step(1)                                           # a shorter one beside 3
         core.abort(Abort(ids[1]))
         step(2)                                           # 2 decodes (one just prefilled)
     finally:
-        for rid in ids + ["\x00profile-long"]:
+        for rid in ids + ["\x00profile-long", "\x00profile-short"]:
             core.abort(Abort(rid))
         core.deficit_tokens = 0
     return tuple(r for r in rows if r[4] > 0 and (r[0] or r[2]))
