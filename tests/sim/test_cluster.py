@@ -58,10 +58,10 @@ def test_a_small_pool_stalls_on_memory_without_losing_requests():
     assert res.summary()["completed"] == 30 and sim.workers[0].core.pool.num_free_pages == 300
 
 
-@pytest.mark.xfail(strict=True, reason="found by the simulator: a re-prefill routed to a worker whose pages are "
-                   "all held by younger requests' continued blocks waits for pages first in arrival order, and "
-                   "those blocks wait behind it (docs/simulation.md, 'Found by the simulator')")
 def test_two_small_pools_do_not_deadlock():
+    """Found by the simulator: a re-prefill routed to a worker whose pages were all held by younger
+    requests' continued blocks waited for pages first in arrival order, and those blocks waited
+    behind it. Page holders now pass a head stalled on memory (worker/admission.py)."""
     cost = gpu_cost("llada-8b", "h100")
     sim = Simulator(ServerConfig(num_pages=300, num_workers=2), cost, ParametricBehaviour(),
                     MODELS["llada-8b"].model_info())

@@ -265,7 +265,8 @@ class WorkerCore:
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         """Admission over the waiting blocks in arrival order; a continued block already holds its
-        pages. The admitted ones are always a prefix of that order (no overtaking)."""
+        pages. The admitted ones are a prefix of that order, except for page holders passing a head
+        stalled on memory (worker/admission.py)."""
         waiting = [self.tasks[rid] for _, _, rid in self.waiting]
         candidates = [PrefillCandidate(t.request_id, t.arrival_seq, t.canvas.numel(),
                                        0 if t.alloc is not None else self.pool.pages_needed(t.canvas.numel()))
@@ -276,8 +277,12 @@ class WorkerCore:
                          num_active=len(self.active), num_ready=len(self.ready),
                          max_active_decodes=pol.max_active_decodes, credit_share=pol.credit_share)
         self.deficit_tokens = decision.deficit_tokens
-        admitted = waiting[: len(decision.admitted)]
-        del self.waiting[: len(admitted)]
+        chosen = set(decision.admitted)
+        admitted = [t for t in waiting if t.request_id in chosen]
+        if len(admitted) == len(waiting) or (admitted and waiting[len(admitted) - 1] is admitted[-1]):
+            del self.waiting[: len(admitted)]          # the usual case: a prefix
+        elif admitted:
+            self.waiting = [k for k in self.waiting if k[2] not in chosen]
         for t in admitted:
             t.phase = PREFILL
             if t.alloc is None:
