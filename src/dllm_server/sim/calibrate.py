@@ -45,7 +45,7 @@ async def _replay(engine, reqs) -> None:
     await open_loop([r[0] for r in reqs], one)
 
 
-def _rows(trace) -> list[tuple]:
+def trace_rows(trace) -> list[tuple]:
     return [(r.iteration_tokens - r.prefill_tokens, r.decode_keys, r.prefill_tokens, r.prefill_sq, r.iteration_s,
              r.forward_s) for _, r in trace if r.forward_s > 0]
 
@@ -72,7 +72,7 @@ async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[t
                     await engine.run({"prompt_token_ids": ids}, params)
                     t1 = time.monotonic()
                     alone.append((t1 - t0, [r for at, r in engine.iteration_trace() if t0 < at <= t1]))
-            rows += _rows(engine.iteration_trace())
+            rows += trace_rows(engine.iteration_trace())
         finally:
             await engine.shutdown(0)
     return rows, alone, info

@@ -66,16 +66,26 @@ def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) 
     """rows: (decode_tokens, decode_keys, prefill_tokens, prefill_sq, turn_s, forward_s) of real
     iterations. Returns per kind ("cache": decode-only, "recompute": with a full-canvas forward) the
     coefficients of turn and forward time over step_time's columns, the sample count, how many turn
-    samples were left out as waits, and the turn fit's mean absolute relative error on the rest."""
+    samples were left out as waits, and the turn fit's mean absolute relative error on the rest.
+    As in policy/step_time.py, a recompute iteration's decodes cost what the cache fit says and only
+    its prefill terms are fitted to it (its decode and prefill columns are nearly collinear)."""
     out = {}
+    n = len(CACHE_COLUMNS)
     for kind, columns in (("cache", CACHE_COLUMNS), ("recompute", RECOMPUTE_COLUMNS)):
         sel = [r for r in rows if (r[2] > 0) == (kind == "recompute") and r[4] > 0]
         if len(sel) < 2:
             continue
         x = np.stack([features(*r[:4]) for r in sel])
         turn, fwd = np.asarray([r[4] for r in sel]), np.asarray([r[5] for r in sel])
-        ct, kept = trimmed_fit(x, turn)
-        cf = fit(x, fwd)
+        base = out.get("cache")
+        if kind == "recompute" and base is not None:
+            bt, bf = np.asarray(base["turn"]), np.asarray(base["forward"])
+            ct, kept = trimmed_fit(x[:, n:], turn - x[:, :n] @ bt)
+            ct = np.concatenate([bt, ct])
+            cf = np.concatenate([bf, fit(x[:, n:], fwd - x[:, :n] @ bf)])
+        else:
+            ct, kept = trimmed_fit(x, turn)
+            cf = fit(x, fwd)
         err = np.abs(x[kept] @ ct - turn[kept]) / turn[kept]
         out[kind] = {"columns": list(columns), "turn": ct.tolist(), "forward": cf.tolist(), "samples": len(sel),
                      "turn_left_out": int((~kept).sum()), "turn_mean_abs_rel_error": float(err.mean())}
