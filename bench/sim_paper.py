@@ -26,6 +26,7 @@ from pathlib import Path
 from dllm_server.sim.plan import build_setup, capacity, simulate
 
 JOBS = 1
+SAVE = None                  # the results file, for experiments that save row by row
 
 
 def pmap(calls: list[tuple]) -> list:
@@ -152,30 +153,32 @@ def exp_c(n: int, out: dict) -> None:
 
 
 def exp_d(n: int, out: dict, max_tokens: int = 512) -> None:
+    """Block lengths in the order 32, one block per answer, 128, 64, 256 (the ends first), each row
+    printed and saved as it finishes."""
     mix = next(iter(MIXES))
     print(f"\n### D. block length: {mix}, answers end at their EOS (max_tokens {max_tokens}), 8 colocated "
           "workers, H100 (simulated)\n")
-    print("| block | blocks per request | capacity batch-1 | capacity tau=1024 | capacity tau=inf | "
-          "tau=1024 / tau=inf | mean tau=1024 / tau=inf at 80 % (s) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| block | blocks per request | capacity tau=1024 | capacity tau=inf | "
+          "tau=1024 / tau=inf | mean tau=1024 / tau=inf at 80 % of the tau=1024 capacity (s) |")
+    print("|---|---|---|---|---|---|")
     s32 = setup_for(mix, n, block_length=32, max_tokens=max_tokens)
     slo = slo_from_baseline(s32)               # one SLO for every block length: the 32-token baseline's
     res = []
-    blocks_ = (32, 64, 128, 256, max_tokens)
-    kinds = (("batch-1", {**COLOCATED, **BASELINE}), ("tau=1024", COLOCATED), ("tau=inf", {**COLOCATED, "token_budget": None}))
-    setups = [setup_for(mix, n, block_length=b, max_tokens=max_tokens, slo_s=slo) for b in blocks_]
-    found = iter(pmap([(capacity, s, cfg, 4.0, 0.05) for s in setups for _, cfg in kinds]))
-    caps_all = [{k: next(found)["capacity_req_s"] for k, _ in kinds} for _ in setups]
-    lats = iter(pmap([(simulate, s, cfg, 0.8 * c["tau=1024"]) for s, c in zip(setups, caps_all) for _, cfg in kinds[1:]]))
-    for block, s, caps in zip(blocks_, setups, caps_all):
-        lat = {k: next(lats) for k, _ in kinds[1:]}
+    kinds = (("tau=1024", COLOCATED), ("tau=inf", {**COLOCATED, "token_budget": None}))
+    for block in (32, max_tokens, 128, 64, 256):
+        s = setup_for(mix, n, block_length=block, max_tokens=max_tokens, slo_s=slo)
+        found = pmap([(capacity, s, cfg, 4.0, 0.05) for _, cfg in kinds])
+        caps = {k: f["capacity_req_s"] for (k, _), f in zip(kinds, found)}
+        lat = dict(zip([k for k, _ in kinds], pmap([(simulate, s, cfg, 0.8 * caps["tau=1024"]) for _, cfg in kinds])))
         blocks = sum(-(-(r.eos_at + 1 if r.eos_at is not None else r.max_tokens) // block) for r in s.requests) / len(s.requests)
         ratio = caps["tau=1024"] / caps["tau=inf"] if caps["tau=inf"] else None
         label = f"{block}" + (" (one block per answer)" if block == max_tokens else "")
-        print(f"| {label} | {blocks:.1f} | {caps['batch-1']:.2f} | {caps['tau=1024']:.2f} | {caps['tau=inf']:.2f} | "
+        print(f"| {label} | {blocks:.1f} | {caps['tau=1024']:.2f} | {caps['tau=inf']:.2f} | "
               f"{fmt(ratio)} | {lat['tau=1024']['mean_s']:.2f} / {lat['tau=inf']['mean_s']:.2f} |", flush=True)
         res.append({"block": block, "blocks_per_request": blocks, "capacity": caps, "at_80": lat, "ratio": ratio})
-    out["D"] = {"slo_p90_s": slo, "max_tokens": max_tokens, "rows": res}
+        out["D"] = {"slo_p90_s": slo, "max_tokens": max_tokens, "requests": n, "rows": res}
+        if SAVE is not None:
+            SAVE.write_text(json.dumps(out, indent=1, default=str))
 
 
 def main() -> None:
@@ -185,8 +188,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/results/sim_paper.json"))
     ap.add_argument("--jobs", type=int, default=1, help="independent simulations in this many processes")
     a = ap.parse_args()
-    global JOBS
-    JOBS = a.jobs
+    global JOBS, SAVE
+    JOBS, SAVE = a.jobs, a.out
     only = set(a.only.split(","))
     out = json.loads(a.out.read_text()) if a.out.exists() else {}
     t = time.perf_counter()
