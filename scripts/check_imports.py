@@ -4,6 +4,7 @@
   included: a type-only circle is still a circle in the design);
 - the front process's layers (engine/, api/) import nothing from worker/ or model/ except
   through the one seam, engine/worker_pool.py (it spawns the worker processes);
+- api/ reads the engine only through AsyncEngine's public surface: no `.scheduler` attribute;
 - no module over MAX_LINES lines, and the Scheduler class under MAX_SCHEDULER lines.
 
     python scripts/check_imports.py        # prints the findings, exit 1 if any
@@ -85,6 +86,16 @@ def seam_violations(g: dict[str, set[str]]) -> list[str]:
             for n in sorted(deps) if n.startswith(BACK)]
 
 
+def engine_surface_violations() -> list[str]:
+    """api/ modules that reach into the engine's scheduler (attribute `.scheduler`)."""
+    out = []
+    for f in sorted((PKG / "api").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "scheduler":
+                out.append(f"{f.relative_to(PKG.parent)}:{node.lineno} reads .scheduler")
+    return out
+
+
 def size_violations() -> list[str]:
     out = [f"{f.relative_to(PKG.parent)}: {n} lines" for f in sorted(PKG.rglob("*.py"))
            if (n := len(f.read_text().splitlines())) > MAX_LINES]
@@ -99,7 +110,7 @@ def size_violations() -> list[str]:
 
 def main() -> int:
     g = graph()
-    problems = [" -> ".join(c) for c in cycles(g)] + seam_violations(g) + size_violations()
+    problems = [" -> ".join(c) for c in cycles(g)] + seam_violations(g) + engine_surface_violations() + size_violations()
     print(f"{len(g)} modules, {sum(map(len, g.values()))} import edges: "
           f"{'OK' if not problems else str(len(problems)) + ' problem(s)'}")
     for p in problems:

@@ -18,6 +18,10 @@ from .config import ServerConfig, config_fields
 from .decoding.params import SamplingParams
 
 
+GENERATE_FIELDS = (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", int),
+                   ("min_p", float), ("steps", int))
+
+
 def _field_type(f: dataclasses.Field):
     hint = typing.get_type_hints(ServerConfig)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -66,15 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("model", nargs="?", default=argparse.SUPPRESS,
-                       help="HF checkpoint folder (default: the embedded demo model)")
+                       help="HF checkpoint folder or Hugging Face model id ORG/NAME (default: the embedded demo model)")
     add_config_flags(serve)
 
     gen = sub.add_parser("generate", help="offline generation for a few prompts")
-    gen.add_argument("model", nargs="?", default=argparse.SUPPRESS, help="HF checkpoint folder")
+    gen.add_argument("model", nargs="?", default=argparse.SUPPRESS,
+                     help="HF checkpoint folder or Hugging Face model id ORG/NAME")
     gen.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
     gen.add_argument("--chat", action="store_true", help="apply the chat template")
     sampling = SamplingParams()
-    for name, kind in (("max_tokens", int), ("temperature", float), ("top_p", float), ("steps", int)):
+    for name, kind in GENERATE_FIELDS:
         gen.add_argument("--" + name.replace("_", "-"), type=kind, default=argparse.SUPPRESS,
                          help=f"request sampling field (default: {getattr(sampling, name)})")
     gen.add_argument("--seed", dest="request_seed", type=int, default=argparse.SUPPRESS,
@@ -154,8 +159,8 @@ def _run(ns: argparse.Namespace) -> int:
         from . import LLM
         config = config_from_args(ns)
         llm = LLM(**dataclasses.asdict(config))
-        given = {k: getattr(ns, k) for k in ("max_tokens", "temperature", "top_p", "steps") if hasattr(ns, k)}
-        params = SamplingParams(**given, seed=getattr(ns, "request_seed", None))
+        given = {k: getattr(ns, k) for k, _ in GENERATE_FIELDS if hasattr(ns, k)}
+        params = SamplingParams(**{**llm.sampling_defaults, **given, "seed": getattr(ns, "request_seed", None)})
         if ns.chat:
             outs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompt], params)
         else:

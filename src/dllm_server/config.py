@@ -20,8 +20,16 @@ def _f(default, help: str, **kw):
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     # --- model ---
-    model: str | None = _f(None, "HF checkpoint folder; none = the embedded demo model")
-    served_model_name: str | None = _f(None, "name reported by /v1/models (default: folder name)")
+    model: str | None = _f(None, "HF checkpoint folder or Hugging Face model id (ORG/NAME, fetched through "
+                           "huggingface_hub: HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply); none = the embedded demo model")
+    revision: str | None = _f(None, "model id only: the branch, tag or commit to fetch (default: main)")
+    download_dir: str | None = _f(None, "model id only: the Hugging Face cache folder to use (default: HF_HUB_CACHE, "
+                                  "under HF_HOME)")
+    generation_config: str | None = _f("auto", "request defaults (temperature, top_p, top_k, min_p, max_new_tokens) "
+                                       "and EOS ids from generation_config.json: auto = the model folder's, a folder "
+                                       "path = that folder's, none = ignore it (server defaults only)")
+    served_model_name: str | None = _f(None, "name reported by /v1/models (default: the model id, else the folder "
+                                       "name)")
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
@@ -101,6 +109,11 @@ class ServerConfig:
             choices = f.metadata.get("choices")
             if choices is not None and getattr(self, f.name) not in choices:
                 bad(f.name, f"must be one of {', '.join(map(str, choices))}, got {getattr(self, f.name)!r}")
+        for name in ("model", "revision", "download_dir", "generation_config", "served_model_name"):
+            if getattr(self, name) == "":
+                bad(name, "must not be empty (leave it unset for the default)")
+        if self.revision is not None and self.model is None:
+            bad("revision", "needs a model id (the embedded demo model has no revisions)")
         cands = self.candidate_thresholds          # parses and checks slo_thresholds
         if not 0.0 <= self.quality_floor <= 1.0:
             bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")

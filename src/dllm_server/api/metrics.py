@@ -48,7 +48,7 @@ class EngineCollector:
         canvas = CounterMetricFamily("dllm:canvas_positions", "positions fed through the model", labels=labels)
         canvas_v = CounterMetricFamily("vllm:diffusion_num_canvas_positions", "positions fed through the model",
                                        labels=labels)
-        if self.engine.scheduler is not None:
+        if self.engine.is_started:
             s = self.engine.stats()
             m = [self.model]
             running.add_metric(m, s.num_running)

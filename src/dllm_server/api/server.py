@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 
 import uvicorn
 
+from ..checkpoint import served_name
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
 from .app import build_app
@@ -60,7 +60,7 @@ def _log_stats(engine: AsyncEngine, interval_s: float, last_positions: int) -> i
 def run_server(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = AsyncEngine(config)
-    model_name = config.served_model_name or Path(engine.path).name
+    model_name = config.served_model_name or served_name(config.model, engine.path)
     exit_code = {"code": 0}
     server: DrainingServer | None = None
 

@@ -70,7 +70,8 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
     gens = [unmask.step_generator(r.params.seed, r.block_index, r.step, dev) if r.params.needs_rng else None
             for r in rows]
     tokens, conf = unmask.propose(logits, [r.params.temperature for r in rows], gens, widths, mask_id,
-                                  [r.params.top_p for r in rows])
+                                  [r.params.top_p for r in rows], [r.params.top_k for r in rows],
+                                  [r.params.min_p for r in rows])
     score = unmask.random_scores(widths, gens, logits.shape[1], [r.params.remasking == "random" for r in rows],
                                  conf)
     nan = float("nan")

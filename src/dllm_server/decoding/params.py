@@ -19,6 +19,12 @@ from ..config import REMASKING, ServerConfig
 MAX_SEED = 2**63 - 1
 
 
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request with n > 1: seed + index (mod 2**63), so each sample
+    is exactly the n=1 request with that seed (sample 0 keeps the request's own)."""
+    return (seed + index) % (MAX_SEED + 1)
+
+
 def request_seed(base_seed: int, arrival_seq: int) -> int:
     """The seed of a request that gave none: fixed at arrival, so batching never changes it."""
     return (base_seed * 1_000_003 + arrival_seq * 7_919 + 1) % (2**63)
@@ -29,6 +35,8 @@ class SamplingParams:
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0                       # 0 (or -1, as vLLM): off
+    min_p: float = 0.0                   # 0: off
     threshold: float | None = None
     factor: float | None = None
     steps: int | None = None
@@ -55,6 +63,10 @@ class SamplingParams:
             bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
         if not is_num(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < -1:
+            bad("top_k", f"must be an integer >= 1, or 0 / -1 for no limit, got {self.top_k!r}")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
         if self.threshold is not None and (not is_num(self.threshold) or not 0 <= self.threshold <= 1):
             bad("threshold", f"must be in [0, 1], got {self.threshold!r}")
         if self.factor is not None and (not is_num(self.factor) or self.factor <= 0):
@@ -86,7 +98,7 @@ class SamplingParams:
         never depend on batching. (Commit rules are resolved per block: BlockPolicy.)"""
         return DecodeParams(self.max_tokens, config.block_length if self.block_length is None else self.block_length,
                             self.temperature, self.top_p, self.remasking, default_seed if self.seed is None else self.seed,
-                            self.ignore_eos)
+                            self.ignore_eos, max(0, self.top_k), float(self.min_p))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +111,8 @@ class DecodeParams:
     remasking: str
     seed: int
     ignore_eos: bool
+    top_k: int = 0                  # 0: off
+    min_p: float = 0.0              # 0: off
 
     @property
     def needs_rng(self) -> bool:

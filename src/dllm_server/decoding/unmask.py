@@ -24,6 +24,15 @@ def step_generator(seed: int, block_index: int, step: int,
     return torch.Generator(device=device).manual_seed(x & ((1 << 63) - 1))
 
 
+def top_k_filter(x: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the `top_k` highest logits (0: all). Ties with the k-th are kept, so the result never
+    depends on how a sort orders equal values."""
+    if top_k <= 0 or top_k >= x.shape[-1]:
+        return x
+    kth = x.topk(top_k, dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
 def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability reaches top_p (at least one)."""
     probs = torch.softmax(x, dim=-1)
@@ -33,18 +42,38 @@ def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
     return x.masked_fill(drop, float("-inf"))
 
 
+def min_p_filter(x: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens whose probability is at least `min_p` times the most likely one's."""
+    probs = torch.softmax(x, dim=-1)
+    return x.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def filtered(tempered: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The sampling filters in Hugging Face's order (after temperature): top-k, top-p, min-p."""
+    if top_k > 0:
+        tempered = top_k_filter(tempered, top_k)
+    if top_p < 1.0:
+        tempered = top_p_filter(tempered, top_p)
+    if min_p > 0.0:
+        tempered = min_p_filter(tempered, min_p)
+    return tempered
+
+
 def propose(logits: torch.Tensor, temperature: list[float], generators: list[torch.Generator | None],
             widths: list[int], banned_id: int, top_p: list[float] | None = None,
+            top_k: list[int] | None = None, min_p: list[float] | None = None,
             chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposed token and its confidence for every position.
 
     logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
     many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
-    float64, after an optional top-p filter of the tempered distribution. Confidence is the
-    *untempered* softmax probability of the proposal (LLaDA / Fast-dLLM). `banned_id` (the
-    mask token) can never be proposed. Rows go through float64 in chunks of at most
-    `chunk_elements` values (256 MiB), so memory stays bounded at any batch; per row the
-    arithmetic is the same whatever the chunking.
+    float64 over the tempered logits after the row's filters (`filtered`: top-k, top-p, min-p),
+    so filters choose which token each position proposes. Confidence is the *untempered,
+    unfiltered* softmax probability of the proposal (LLaDA / Fast-dLLM): the model's own belief
+    in the token, so the commit rules mean the same whatever the sampler settings (and top_k=1
+    commits exactly what greedy commits). `banned_id` (the mask token) can never be proposed.
+    Rows go through float64 in chunks of at most `chunk_elements` values (256 MiB), so memory
+    stays bounded at any batch; per row the arithmetic is the same whatever the chunking.
     """
     b_total, k, v = logits.shape
     tokens = torch.empty(b_total, k, dtype=torch.int64, device=logits.device)
@@ -62,9 +91,8 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
                 w = widths[b]
                 u = torch.rand((w, v), generator=generators[b], dtype=torch.float64, device=x.device)
                 gumbel = -torch.log(-torch.log(u))
-                tempered = x[b - lo, :w] / temp
-                if top_p is not None and top_p[b] < 1.0:
-                    tempered = top_p_filter(tempered, top_p[b])
+                tempered = filtered(x[b - lo, :w] / temp, top_k[b] if top_k else 0, top_p[b] if top_p else 1.0,
+                                    min_p[b] if min_p else 0.0)
                 tok[b - lo, :w] = (tempered + gumbel).argmax(dim=-1)
         tokens[lo:hi] = tok
         confidence[lo:hi] = log_probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1).exp()

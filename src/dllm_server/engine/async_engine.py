@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from ..checkpoint import model_path, read_config
+from ..checkpoint import architecture_of, model_path, read_config, request_defaults
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
@@ -44,8 +44,9 @@ class EngineDead(Exception):
 class AsyncEngine:
     def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None):
         self.config = config
-        self.path = model_path(config.model)
-        read_config(self.path)            # a clear error now, not a worker traceback later
+        self.path = model_path(config.model, config.revision, config.download_dir)
+        architecture_of(read_config(self.path), config.model or str(self.path))   # a clear error now, not in a worker
+        self.generation_config, self.sampling_defaults = request_defaults(self.path, config.generation_config)
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.load = WorkerLoadModel(config.block_length)       # step-time models, shared by policy and router
         self.policy = policy or make_policy(config, self.path, self.load)
@@ -76,7 +77,7 @@ class AsyncEngine:
             self.pool.stop(timeout_s=5)
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
-        self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
+        self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
@@ -101,6 +102,11 @@ class AsyncEngine:
         await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
+
+    @property
+    def is_started(self) -> bool:
+        """Started (stats() may be read), ready or not."""
+        return self.scheduler is not None
 
     @property
     def is_ready(self) -> bool:
@@ -148,7 +154,7 @@ class AsyncEngine:
     def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
                 request_id: str | None = None) -> RequestState:
         """Validate and build the request state (ValueError names the field)."""
-        params = params or SamplingParams()
+        params = params or SamplingParams(**self.sampling_defaults)      # the generation config's, as LLM
         if messages is not None:
             if self.tokenizer is None:
                 raise ValueError("messages: chat needs a tokenizer (skip_tokenizer_init is set)")

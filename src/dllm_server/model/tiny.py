@@ -60,6 +60,12 @@ def write_tokenizer(out: Path, family: str, max_len: int) -> dict[str, int]:
     tok = byte_tokenizer(specials)
     tok.save(str(out / "tokenizer.json"))
     ids = {s: tok.token_to_id(s) for s in specials}
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(family, max_len), indent=2))
+    return ids
+
+
+def tokenizer_config(family: str, max_len: int) -> dict:
+    """tokenizer_config.json of a family: its special tokens and chat template (any vocabulary)."""
     if family == "llada":
         cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "mask_token": "<|mdm_mask|>", "chat_template": LLADA_TEMPLATE}
@@ -68,8 +74,7 @@ def write_tokenizer(out: Path, family: str, max_len: int) -> dict[str, int]:
                "mask_token": "<|mask|>", "chat_template": DREAM_TEMPLATE}
     cfg.update({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
                 "clean_up_tokenization_spaces": False, "add_bos_token": False})
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    return ids
+    return cfg
 
 
 def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, heads: int, kv_heads: int,
