@@ -43,6 +43,8 @@ class StepResult:
 
 
 class Stepper(Protocol):
+    def fed_tokens(self, t: StepBlock, is_prefill: bool) -> int: ...
+
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult: ...
 
 
