@@ -1,9 +1,15 @@
-"""Decoding benchmark (offline engine): batch-1 latency and tokens per forward for the three cache
-modes, and the cost of one cached block step against a full-canvas forward, measured in one run;
-the dual step also through the fixed-shape path that CUDA workers replay as graphs (run eagerly
-here unless the model is on CUDA).
+"""Decoding benchmark (offline engine), in one run:
 
-    python bench/decoding.py [--model DIR] [--prompt-len 256] [--max-tokens 128]
+- cache: batch-1 latency and tokens per forward for the three cache modes, and the cost of one
+  cached block step against a full-canvas forward; the dual step also through the fixed-shape
+  path that CUDA workers replay as graphs (run eagerly here unless the model is on CUDA);
+- rules: the unmasking rules on the same prompts (threshold 0.9 vs the EB-sampler's entropy
+  bounds): forwards, batch-1 latency, and bench/quality.py's measures (token agreement with the
+  same request at threshold 0.99, pseudo log-likelihood), on the embedded (trained) demo model;
+- dream: Dream under the prefix and dual caches, Fast-dLLM's rules (fast_dllm) vs dInfer's shifted
+  window, the same measures (agreement with cache none at threshold 0.99), on a random Dream.
+
+    python bench/decoding.py [--model DIR] [--prompt-len 256] [--max-tokens 128] [--only cache,rules,dream]
 """
 from __future__ import annotations
 
@@ -17,9 +23,16 @@ import time
 import torch
 
 from dllm_server import LLM, SamplingParams
+from dllm_server.checkpoint import embedded_model_path
 from dllm_server.model.tiny import make_tiny_model
 from dllm_server.worker.cuda_graph import DecodeGraphs
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+from quality import agreement, pseudo_log_likelihood
+
+TEXTS = ["Good morrow, my lord. What news from the court?", "Now is the winter of our discontent",
+         "Friends, Romans, countrymen, lend me your ears;", "What light through yonder window breaks?",
+         "The quality of mercy is not strained;", "All the world's a stage, and all the men and women",
+         "If music be the food of love, play on;", "Once more unto the breach, dear friends, once more;"]
 
 
 def median_time(fn, repeats: int) -> float:
@@ -31,6 +44,66 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def run_rule(llm: LLM, prompts: list[str], params: SamplingParams, repeats: int):
+    """Each prompt alone (batch 1): the outputs, and the median over repeats of the mean latency."""
+    llm.generate(prompts[0], params)   # warm-up
+    outs, times = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        outs = [llm.generate(p, params)[0] for p in prompts]
+        times.append((time.perf_counter() - t) / len(prompts))
+    return outs, statistics.median(times)
+
+
+def quality_row(label: str, llm: LLM, prompts: list[str], params: SamplingParams, refs: list[list[int]],
+                repeats: int) -> None:
+    outs, t = run_rule(llm, prompts, params, repeats)
+    fwd = statistics.mean(o.stats.num_forwards for o in outs)
+    agree = statistics.mean(agreement(o.token_ids, r) for o, r in zip(outs, refs))
+    pll = statistics.mean(pseudo_log_likelihood(llm, o.prompt_token_ids, o.token_ids) for o in outs)
+    tpf = statistics.mean(o.tokens_per_forward for o in outs)
+    print(f"| {label} | {fwd:.1f} | {tpf:.2f} | {t * 1000:.0f} | {agree:.3f} | {pll:.3f} |")
+
+
+QUALITY_HEAD = ("| forwards / request | tokens / forward | latency / request (ms) | agreement with 0.99 "
+                "| pseudo log-lik |")
+
+
+def rules_table(a) -> None:
+    path = a.rules_model or str(embedded_model_path())
+    base = dict(max_tokens=a.rules_max_tokens, ignore_eos=True)
+    llm = LLM(path, cache="dual", block_length=a.block_length, dtype=a.dtype)
+    refs = [o.token_ids for o in run_rule(llm, TEXTS, SamplingParams(threshold=0.99, **base), 1)[0]]
+    print(f"rules: model={path} cache=dual block_length={a.block_length} max_tokens={a.rules_max_tokens} greedy, "
+          f"{len(TEXTS)} prompts each alone, latency median of {a.repeats}; reference: threshold 0.99, same cache")
+    print()
+    print("| rule " + QUALITY_HEAD)
+    print("|---|---|---|---|---|---|")
+    quality_row("threshold 0.9", llm, TEXTS, SamplingParams(threshold=0.9, **base), refs, a.repeats)
+    for b in a.entropy_bounds.split(","):
+        quality_row(f"entropy bound {float(b):g}", llm, TEXTS, SamplingParams(entropy_bound=float(b), **base), refs,
+                    a.repeats)
+
+
+def dream_table(a) -> None:
+    path = a.dream_model or str(make_tiny_model(tempfile.mkdtemp(), arch="dream", hidden=256, layers=4, heads=4,
+                                                mlp=704, seed=0))
+    base = dict(max_tokens=a.rules_max_tokens, ignore_eos=True)
+    ref_llm = LLM(path, cache="none", block_length=a.block_length, dtype=a.dtype)
+    refs = [o.token_ids for o in run_rule(ref_llm, TEXTS, SamplingParams(threshold=0.99, **base), 1)[0]]
+    print(f"dream: model={path} block_length={a.block_length} max_tokens={a.rules_max_tokens} greedy threshold "
+          f"{a.dream_threshold}, {len(TEXTS)} prompts each alone, latency median of {a.repeats}; "
+          f"reference: cache none, threshold 0.99")
+    print()
+    print("| cache, Dream decoding " + QUALITY_HEAD)
+    print("|---|---|---|---|---|---|")
+    for cache in ("prefix", "dual"):
+        for decoding in ("fast_dllm", "shifted"):
+            llm = LLM(path, cache=cache, block_length=a.block_length, dtype=a.dtype, dream_decoding=decoding)
+            quality_row(f"{cache}, {decoding}", llm, TEXTS, SamplingParams(threshold=a.dream_threshold, **base), refs,
+                        a.repeats)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="checkpoint folder (default: a seeded random 4-layer d=256 LLaDA)")
@@ -40,8 +113,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--only", default="cache,rules,dream", help="tables to run: cache, rules, dream")
+    ap.add_argument("--rules-model", help="checkpoint of the rules table (default: the embedded demo model)")
+    ap.add_argument("--dream-model", help="Dream checkpoint (default: a seeded random 4-layer d=256 Dream)")
+    ap.add_argument("--rules-max-tokens", type=int, default=64)
+    ap.add_argument("--entropy-bounds", default="0.1,0.5,1,2", help="EB-sampler gammas of the rules table")
+    ap.add_argument("--dream-threshold", type=float, default=0.9)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    tables = args.only.split(",")
+    if "rules" in tables:
+        rules_table(args)
+        print()
+    if "dream" in tables:
+        dream_table(args)
+        print()
+    if "cache" not in tables:
+        return
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4,
                                              heads=4, mlp=704, seed=0))
     prompt = {"prompt_token_ids": [(i * 37) % 250 + 1 for i in range(args.prompt_len)]}

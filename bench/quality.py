@@ -42,7 +42,9 @@ def pseudo_log_likelihood(llm, prompt: list[int], answer: list[int], max_positio
     rows[torch.arange(n), where] = args.mask_id
     device = next(model.parameters()).device
     pos = torch.arange(length).repeat(n).to(device)
-    logits = model(rows.reshape(-1).to(device), pos, DenseBatch(n), None, (torch.arange(n) * length + where).to(device))
+    # Dream-style models (logit_shift 1) predict token i from the output at i - 1
+    at = torch.arange(n) * length + where - args.logit_shift
+    logits = model(rows.reshape(-1).to(device), pos, DenseBatch(n), None, at.to(device))
     logp = torch.log_softmax(logits[:, : args.vocab_size].float(), dim=-1)
     return float(logp[torch.arange(n), torch.tensor(answer, device=logp.device)].mean())
 

@@ -8,6 +8,9 @@ speech -> reply pairs from the plays in the LLaDA chat template, where only the 
 format and to stop. Seeded; resumable from checkpoints; writes an HF checkpoint folder.
 
     python scripts/train_tiny.py --out runs/demo --steps 6000
+
+`--arch dream` trains a Dream-architecture model the same way (Dream's ChatML template, and its
+shifted prediction: token i from the output at i - 1), for measuring Dream decoding rules.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dllm_server.model import llada
+from dllm_server.model import dream, llada
 from dllm_server.model.attention import DenseBatch
 from dllm_server.model.tiny import SPECIALS, save_weights, tiny_config, write_tokenizer
 
@@ -89,9 +92,15 @@ class Data:
 
     def chat_row(self, user: str, reply: str) -> tuple[torch.Tensor, torch.Tensor]:
         i = self.ids
-        head = lambda role: [i["<|start_header_id|>"], *role.encode(), i["<|end_header_id|>"], 10, 10]
-        prompt = [i["<|startoftext|>"], *head("user"), *user.encode()[:120], i["<|eot_id|>"], *head("assistant")]
-        answer = [*reply.encode()[: self.seq_len - len(prompt) - 1], i["<|eot_id|>"]]
+        if "<|im_start|>" in i:     # Dream: ChatML
+            end = i["<|im_end|>"]
+            head = lambda role: [i["<|im_start|>"], *role.encode(), 10]
+            prompt = [*head("user"), *user.encode()[: min(120, self.seq_len // 2)], end, 10, *head("assistant")]
+        else:
+            end = i["<|eot_id|>"]
+            head = lambda role: [i["<|start_header_id|>"], *role.encode(), i["<|end_header_id|>"], 10, 10]
+            prompt = [i["<|startoftext|>"], *head("user"), *user.encode()[: min(120, self.seq_len // 2)], end, *head("assistant")]
+        answer = [*reply.encode()[: self.seq_len - len(prompt) - 1], end]
         pad = self.seq_len - len(prompt) - len(answer)
         x = torch.tensor(prompt + answer + [i["<|endoftext|>"]] * pad, dtype=torch.int64)
         maskable = torch.zeros(self.seq_len, dtype=torch.bool)
@@ -116,7 +125,10 @@ def dense_forward(model, x: torch.Tensor) -> torch.Tensor:
     """Full bidirectional forward of a [B, L] batch through the packed model (scratch KV)."""
     b, length = x.shape
     pos = torch.arange(length).repeat(b)
-    return model(x.reshape(-1), pos, DenseBatch(b), None, torch.arange(b * length)).view(b, length, -1)
+    logits = model(x.reshape(-1), pos, DenseBatch(b), None, torch.arange(b * length)).view(b, length, -1)
+    if model.args.logit_shift:      # Dream: token i from the output at i - 1 (position 0 from its own)
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
 
 
 def mdm_loss(model, x, maskable, mask_id, gen: torch.Generator, t: torch.Tensor | None = None):
@@ -162,6 +174,8 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
+    ap.add_argument("--arch", default="llada", choices=("llada", "dream"))
     ap.add_argument("--mlp", type=int, default=704)
     ap.add_argument("--max-len", type=int, default=1024, help="context length written to config.json")
     ap.add_argument("--eval-every", type=int, default=250)
@@ -174,16 +188,17 @@ def main(argv=None) -> None:
     out = Path(args.out)
     model_dir = out / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer(model_dir, "llada", args.max_len)
-    vocab = 256 + len(SPECIALS["llada"])
-    cfg = tiny_config("llada", ids, args.hidden, args.layers, args.heads, args.heads, args.mlp,
+    ids = write_tokenizer(model_dir, args.arch, args.max_len)
+    vocab = 256 + len(SPECIALS[args.arch])
+    cfg = tiny_config(args.arch, ids, args.hidden, args.layers, args.heads, args.kv_heads or args.heads, args.mlp,
                       args.max_len, vocab, "bfloat16")
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
     mask_id = cfg["mask_token_id"]
 
     data = Data(load_texts(fetch_corpus(Path(args.corpus_cache))), args.seq_len, ids, args.seed)
-    model = llada.LLaDAModelLM(llada.args_from_config(cfg))
+    family = dream.DreamModel if args.arch == "dream" else llada.LLaDAModelLM
+    model = family((dream if args.arch == "dream" else llada).args_from_config(cfg))
     from dllm_server.model.tiny import init_weights
     init_weights(model, args.seed, logit_scale=1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)

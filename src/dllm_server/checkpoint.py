@@ -1,5 +1,6 @@
-"""Where a checkpoint folder is and what its config.json says, without loading any weights (the
-front process reads these; the workers load the model). The embedded demo model is a small
+"""Where a checkpoint folder is and what its config.json and generation_config.json say, without
+loading any weights (the front process reads these and hands the workers the resolved folder; a
+Hugging Face model id is fetched into the library's cache by hub.py). The embedded demo model is a small
 LLaDA-architecture checkpoint shipped in the package (assets/demo-model, trained by
 scripts/train_tiny.py; see its MODEL_CARD.md); if the package was installed without it, a seeded
 random tiny checkpoint is written to the user cache once."""
@@ -14,9 +15,40 @@ ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
 FALLBACK = Path.home() / ".cache" / "dllm-server" / "tiny-llada"
 
 
-def model_path(model: str | None) -> Path:
-    """The folder to serve: the one named, else the embedded demo model."""
-    return Path(model) if model is not None else embedded_model_path()
+# Diffusion architectures the workers implement (model/loader.py maps each to its module).
+ARCHITECTURES = ("LLaDAModelLM", "DreamModel")
+MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel"}
+# generation_config.json keys honoured as request defaults, as vLLM does (max_new_tokens -> max_tokens).
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                       "max_new_tokens": "max_tokens"}
+
+
+def model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> Path:
+    """The folder to serve: a local folder, a Hugging Face model id (ORG/NAME: fetched into its
+    cache, or `download_dir`), else the embedded demo model."""
+    if model is None:
+        return embedded_model_path()
+    from . import hub
+    if hub.is_repo_id(model):
+        return hub.download(model, revision, download_dir)
+    return Path(model).expanduser()
+
+
+def served_name(model: str | None, path: Path) -> str:
+    """What /v1/models calls it by default: the model id as given (vLLM's rule), else the folder name."""
+    from . import hub
+    return model if model is not None and hub.is_repo_id(model) else Path(path).name
+
+
+def architecture_of(cfg: dict, where: str = "the checkpoint") -> str:
+    for name in cfg.get("architectures") or []:
+        if name in ARCHITECTURES:
+            return name
+    if str(cfg.get("model_type", "")).lower() in MODEL_TYPES:
+        return MODEL_TYPES[str(cfg["model_type"]).lower()]
+    raise ValueError(f"model: {where} is {'/'.join(cfg.get('architectures') or []) or 'an unknown model'} "
+                     f"(model_type {cfg.get('model_type')!r}), not a diffusion LLM this server runs; "
+                     f"supported: {', '.join(sorted(ARCHITECTURES))}")
 
 
 def embedded_model_path() -> Path:
@@ -35,3 +67,43 @@ def read_config(path: str | Path) -> dict:
     if not cfg_file.is_file():
         raise ValueError(f"model: {folder} has no config.json (expected a Hugging Face checkpoint folder)")
     return json.loads(cfg_file.read_text())
+
+
+def generation_config(folder: str | Path, setting: str | None) -> dict:
+    """generation_config.json as the server honours it: `setting` "auto" reads the model folder's,
+    a path reads that folder's, None reads nothing (ServerConfig.generation_config)."""
+    if setting is None:
+        return {}
+    gen = (Path(folder) if setting == "auto" else Path(setting).expanduser()) / "generation_config.json"
+    if not gen.is_file():
+        if setting != "auto":
+            raise ValueError(f"generation_config: {gen} does not exist")
+        return {}
+    try:
+        data = json.loads(gen.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"generation_config: {gen} is not valid JSON ({exc})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def sampling_defaults(gen: dict) -> dict:
+    """The request defaults a generation config sets (SamplingParams field names), skipping
+    values that are absent or null. Like vLLM, do_sample is not read: a recommended temperature
+    applies as given."""
+    return {field: gen[key] for key, field in GENERATION_DEFAULTS.items() if gen.get(key) is not None}
+
+
+def request_defaults(folder: str | Path, setting: str | None) -> tuple[dict, dict]:
+    """(the generation config as honoured, the request defaults it sets), checked: a value a
+    request could not carry is a ValueError naming generation_config, at start-up."""
+    from .decoding.params import SamplingParams
+    gen = generation_config(folder, setting)
+    defaults = sampling_defaults(gen)
+    try:
+        SamplingParams(**defaults)
+    except ValueError as exc:
+        raise ValueError(f"generation_config: {exc} (start with --generation-config none to ignore it)") from None
+    if defaults:
+        log.info("request defaults from generation_config.json: %s (--generation-config none ignores them)",
+                 ", ".join(f"{k}={v}" for k, v in sorted(defaults.items())))
+    return gen, defaults

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 CACHE_MODES = ("none", "prefix", "dual")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 REMASKING = ("low_confidence", "random")
+DREAM_DECODING = ("fast_dllm", "shifted")
 
 
 def _f(default, help: str, **kw):
@@ -20,8 +21,16 @@ def _f(default, help: str, **kw):
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     # --- model ---
-    model: str | None = _f(None, "HF checkpoint folder; none = the embedded demo model")
-    served_model_name: str | None = _f(None, "name reported by /v1/models (default: folder name)")
+    model: str | None = _f(None, "HF checkpoint folder or Hugging Face model id (ORG/NAME, fetched through "
+                           "huggingface_hub: HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply); none = the embedded demo model")
+    revision: str | None = _f(None, "model id only: the branch, tag or commit to fetch (default: main)")
+    download_dir: str | None = _f(None, "model id only: the Hugging Face cache folder to use (default: HF_HUB_CACHE, "
+                                  "under HF_HOME)")
+    generation_config: str | None = _f("auto", "request defaults (temperature, top_p, top_k, min_p, max_new_tokens) "
+                                       "and EOS ids from generation_config.json: auto = the model folder's, a folder "
+                                       "path = that folder's, none = ignore it (server defaults only)")
+    served_model_name: str | None = _f(None, "name reported by /v1/models (default: the model id, else the folder "
+                                       "name)")
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
@@ -35,6 +44,10 @@ class ServerConfig:
     block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")
     cache: str = _f("dual", "KV reuse inside a block: none (exact), prefix or dual", choices=CACHE_MODES)
     threshold: float = _f(0.9, "default confidence threshold for parallel commits")
+    dream_decoding: str = _f("fast_dllm", "Dream under the prefix / dual cache: fast_dllm (Fast-dLLM's block sampler: "
+                             "a block's full forward commits only its first position, cached steps feed from the "
+                             "block start) or shifted (dInfer's window from one position earlier; docs/decoding.md)",
+                             choices=DREAM_DECODING)
     # --- scheduling (per worker) ---
     token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
                                   "none = unlimited (prefill priority)")
@@ -120,6 +133,11 @@ class ServerConfig:
             choices = f.metadata.get("choices")
             if choices is not None and getattr(self, f.name) not in choices:
                 bad(f.name, f"must be one of {', '.join(map(str, choices))}, got {getattr(self, f.name)!r}")
+        for name in ("model", "revision", "download_dir", "generation_config", "served_model_name"):
+            if getattr(self, name) == "":
+                bad(name, "must not be empty (leave it unset for the default)")
+        if self.revision is not None and self.model is None:
+            bad("revision", "needs a model id (the embedded demo model has no revisions)")
         cands = self.candidate_thresholds          # parses and checks slo_thresholds
         if not 0.0 <= self.quality_floor <= 1.0:
             bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")
@@ -195,7 +213,8 @@ class ServerConfig:
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
                             self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
-                            self.threshold_policy == "slo" or self.routing == "completion", self.hang_at_forward)
+                            self.threshold_policy == "slo" or self.routing == "completion",
+                            dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +249,8 @@ class WorkerConfig:
     fail_every_n_forwards: int = 0
     step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
     profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
-    hang_at_forward: int = 0           # TEST ONLY: the n-th forward of each worker process never returns
+    dream_decoding: str = "fast_dllm"  # ServerConfig.dream_decoding
+    hang_at_forward: int = 0           # TEST ONLY: the n-th forward of each worker's first process never returns
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .checkpoint import model_path, read_config
+from .checkpoint import architecture_of, model_path, read_config, request_defaults
 from .config import ServerConfig
 from .decoding.params import BlockPolicy, SamplingParams, request_seed
 from .devices import resolve_device
@@ -33,14 +33,15 @@ from .worker.build import build_core
 class LLM:
     def __init__(self, model: str | None = None, policy: DecodePolicy | None = None, **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
-        self.path = model_path(self.config.model)
-        read_config(self.path)
+        self.path = model_path(self.config.model, self.config.revision, self.config.download_dir)
+        architecture_of(read_config(self.path), self.config.model or str(self.path))
+        self.generation_config, self.sampling_defaults = request_defaults(self.path, self.config.generation_config)
         self.device = torch.device(resolve_device(self.config.device))
         self.core, self.model_info = build_core(self.config.worker_config(), str(self.path), self.device)
         self.runner = self.core.stepper.runner        # the model and its forward (benchmarks, tests)
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
-        self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
+        self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
         self.policy = policy or make_policy(self.config, self.path)
         self._arrivals = itertools.count()
 
@@ -92,9 +93,14 @@ class LLM:
             bar.close()
         return [done[rid] for rid in order]
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's rule): what a
+        call without sampling_params uses."""
+        return SamplingParams(**self.sampling_defaults)
+
     def _params_list(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
         sampling_params = list(sampling_params)

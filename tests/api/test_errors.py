@@ -10,10 +10,12 @@ BAD_CHAT_FIELDS = [
     ("messages", []), ("messages", "hello"), ("messages", [{"role": "wizard", "content": "x"}]),
     ("max_tokens", 0), ("max_tokens", "ten"), ("max_tokens", 10 ** 6), ("max_completion_tokens", -1),
     ("temperature", -0.5), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("seed", -1),
-    ("seed", 2 ** 64), ("stop", 5), ("stop", [""]), ("n", 2), ("logprobs", True), ("top_logprobs", 3),
+    ("seed", 2 ** 64), ("stop", 5), ("stop", [""]), ("n", 0), ("n", 129), ("logprobs", True), ("top_logprobs", 3),
     ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("block_length", 0), ("threshold", 2),
-    ("factor", 0), ("steps", 0), ("steps", 10 ** 5), ("remasking", "sideways"), ("stream", "yes"),
+    ("factor", 0), ("steps", 0), ("steps", 10 ** 5), ("remasking", "sideways"), ("remasking", "random"),
+    ("stream", "yes"), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.5), ("min_p", -0.1),
     ("stream_options", {"include_usage": True}), ("ignore_eos", "maybe"), ("return_token_ids", []),
+    ("entropy_bound", -0.1), ("entropy_bound", "low"),
 ]
 
 
@@ -31,6 +33,7 @@ def test_bad_chat_field_is_400_naming_it(server, field, value):
     ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": [1, 10 ** 7]}, "prompt_token_ids"),
     ({"prompt": [[]]}, "prompt"), ({"prompt": 3}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "max_tokens": 2000}, "max_tokens"), ({"prompt": "x", "steps": 1, "max_tokens": 16}, "steps"),
+    ({"prompt": "x", "entropy_bound": 0.5, "factor": 1.0}, "entropy_bound"),
 ])
 def test_bad_completion_bodies(server, body, field):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
@@ -53,6 +56,12 @@ def test_unknown_model_is_404(server):
 def test_unknown_fields_are_ignored(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={**GOOD_CHAT, "flavour": "vanilla"}, timeout=30)
     assert r.status_code == 200
+
+
+def test_entropy_bound_is_a_valid_rule(server):
+    body = {"prompt": "x", "max_tokens": 8, "entropy_bound": 0.5, "return_token_ids": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
 
 
 def test_unknown_route_and_method(server):

@@ -85,7 +85,7 @@ def _sender(model_path, to_recv, from_recv, scenario):
 
 def _receiver(model_path, from_send, to_send, scenario):
     core, info = _core(model_path, 1)
-    waiter = core.handoffs.waiter
+    waiter = core.handoffs.transport.waiter
     _fragment(core.pool, [1, 3, 5, 10, 11, 12] if scenario != "refuse" else [4])
     kind, msgs = from_send.get(timeout=20)
     assert kind == "sent" and len(msgs) == 1

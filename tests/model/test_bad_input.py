@@ -37,6 +37,7 @@ def test_mask_token_in_prompt(llm):
     (dict(remasking="sideways"), "remasking"), (dict(remasking="random"), "remasking"),
     (dict(seed=-1), "seed"), (dict(stop=[""]), "stop"), (dict(block_length=0), "block_length"),
     (dict(factor=1.0, steps=4), "factor"), (dict(ignore_eos="yes"), "ignore_eos"),
+    (dict(top_k=-2), "top_k"), (dict(top_k=2.0), "top_k"), (dict(min_p=1.5), "min_p"), (dict(min_p=-0.1), "min_p"),
 ])
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(ValueError, match=field):

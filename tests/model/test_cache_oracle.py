@@ -1,5 +1,8 @@
 """Causal oracle: under causal attention stale K/V cannot matter, so prefix and dual caches must
-reproduce cache=none exactly. Catches RoPE, position, slicing and paging bugs."""
+reproduce cache=none exactly. Catches RoPE, position, slicing and paging bugs. For Dream that
+holds for the shifted window; under Fast-dLLM's rules (the default) a block's full forward
+commits only its first position, which cache=none does not, so there the two caches must agree
+with each other (and with their own oracle, test_dream_reference.py)."""
 import pytest
 
 from dllm_server import LLM, SamplingParams
@@ -14,12 +17,18 @@ RULES = [dict(), dict(threshold=0.3), dict(steps=12), dict(factor=1.0), dict(tem
 def test_prefix_and_dual_equal_none_under_causal_attention(tiny_model, rule):
     params = SamplingParams(max_tokens=24, ignore_eos=True, **rule)
     results = {}
-    for cache in ("none", "prefix", "dual"):
-        # Small pages make each canvas span several pages, some non-contiguous after reuse.
-        llm = LLM(tiny_model, cache=cache, block_length=8, causal=True, dtype="float32", page_size=4)
-        results[cache] = [o.token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)]
-    assert results["prefix"] == results["none"]
-    assert results["dual"] == results["none"]
+    for decoding in ("shifted", "fast_dllm"):
+        for cache in ("none", "prefix", "dual"):
+            # Small pages make each canvas span several pages, some non-contiguous after reuse.
+            llm = LLM(tiny_model, cache=cache, block_length=8, causal=True, dtype="float32", page_size=4,
+                      dream_decoding=decoding)
+            results[decoding, cache] = [o.token_ids for o in
+                                        llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)]
+            if llm.args.logit_shift == 0:      # LLaDA: the Dream variants do not apply
+                assert results[decoding, cache] == results["shifted", cache]
+    assert results["shifted", "prefix"] == results["shifted", "none"]
+    assert results["shifted", "dual"] == results["shifted", "none"]
+    assert results["fast_dllm", "dual"] == results["fast_dllm", "prefix"]
 
 
 def test_threshold_commits_several_tokens_per_forward_somewhere(tiny_model):

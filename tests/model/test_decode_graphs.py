@@ -1,13 +1,14 @@
 """The fixed-shape decode path (what CUDA graphs replay) equals the paged SDPA path: same block
 logits, same KV written, nothing outside the fed slots touched; and whole generations with it are
 token-identical. On the CPU it runs eagerly from the same buffers a graph would replay."""
+import pytest
 import torch
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model.loader import load_model
 from dllm_server.worker.cuda_graph import MIN_KEYS, DecodeGraphs, capture_plan, pow2_at_least
 from dllm_server.worker.kv_pool import KVPool
-from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range, window_lead
 
 
 def _setup(path, page_size=4, num_pages=200):
@@ -30,12 +31,15 @@ def test_pow2_buckets():
     assert pow2_at_least(3, 256) == 256 and pow2_at_least(300, 256) == 512
 
 
-def test_fixed_shape_step_equals_paged_sdpa(tiny_model):
+@pytest.mark.parametrize("decoding", ["fast_dllm", "shifted"])
+def test_fixed_shape_step_equals_paged_sdpa(tiny_model, decoding):
     model, args, pool = _setup(tiny_model)
     _fragment(pool)
+    lead = window_lead(args.logit_shift, decoding)
     eager = ModelRunner(model, args, pool, torch.device("cpu"))
     fixed = ModelRunner(model, args, pool, torch.device("cpu"),
-                        decode_graphs=DecodeGraphs(model, args, pool, torch.device("cpu"), 64, capture=False))
+                        decode_graphs=DecodeGraphs(model, args, pool, torch.device("cpu"), 64, capture=False,
+                                                   lead=lead))
     g = torch.Generator().manual_seed(0)
     items = []
     for b, (prompt, answer) in enumerate([(5, 16), (13, 24), (40, 8), (3, 32), (21, 16)]):   # 5: padded to 8
@@ -46,7 +50,7 @@ def test_fixed_shape_step_equals_paged_sdpa(tiny_model):
         alloc = pool.allocate(f"r{b}", n)
         start = prompt
         eager.forward([ForwardItem(canvas, alloc, 0, n, start, start + 8)])        # prefill fills the cache
-        a, e = fed_range("dual", False, start, start + 8, n, args.logit_shift)
+        a, e = fed_range("dual", False, start, start + 8, n, lead)
         items.append(ForwardItem(canvas, alloc, a, e, start, start + 8))
     assert any(it.alloc.slot_ids is not None for it in items)
     assert fixed.graphs.fits(items)
@@ -61,7 +65,7 @@ def test_fixed_shape_step_equals_paged_sdpa(tiny_model):
     scratch = slice(pool.scratch_page * pool.page_size, None)
     for layer, k in zip(pool.layers, after_eager):      # same KV written, nowhere else touched
         torch.testing.assert_close(layer.k[: scratch.start], k[: scratch.start], rtol=1e-5, atol=1e-5)
-    assert list(fixed.graphs.shapes) == [(8, 8 + args.logit_shift, 256)]
+    assert list(fixed.graphs.shapes) == [(8, 8 + lead, 256)]
 
 
 def test_prefill_or_mixed_widths_stay_on_the_paged_path(tiny_llada):
@@ -83,7 +87,8 @@ def test_generations_identical_with_fixed_shape_decodes(tiny_model):
     plain = LLM(tiny_model, block_length=8, dtype="float32")
     fixed = LLM(tiny_model, block_length=8, dtype="float32")
     runner = fixed.runner
-    runner.graphs = DecodeGraphs(runner.model, fixed.args, runner.pool, torch.device("cpu"), 64, capture=False)
+    runner.graphs = DecodeGraphs(runner.model, fixed.args, runner.pool, torch.device("cpu"), 64, capture=False,
+                                 lead=fixed.core.stepper.lead)
     want = plain.generate([p for p, _ in reqs], [s for _, s in reqs])
     got = fixed.generate([p for p, _ in reqs], [s for _, s in reqs])
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -55,6 +55,16 @@ def test_memory_stall_earns_no_credit():
     assert b.admitted == ("r0",) and b.memory_stalled and b.deficit_tokens == 300 - (200 - credit_floor(1024, 0.125))
 
 
+def test_page_holders_pass_a_head_stalled_on_memory_and_nothing_else_does():
+    # r0 waits for 50 pages; r1 and r3 are continued blocks holding theirs (the only way pages come
+    # back); r2 needs pages and must not take them ahead of r0, even though 5 would fit.
+    w = [cand(0, 100, pages=50), cand(1, 100, pages=0), cand(2, 10, pages=5), cand(3, 100, pages=0)]
+    a = run(w, free_pages=10, num_active=0)
+    assert a.admitted == ("r1", "r3") and a.memory_stalled
+    b = run(w, free_pages=10, decode_tokens=1024 - 150, deficit_tokens=0)   # the budget still binds holders
+    assert b.admitted == ("r1",) and b.memory_stalled
+
+
 def test_seat_cap_bounds_in_flight_blocks():
     a = run([cand(i, 10) for i in range(5)], num_active=1, num_ready=1, max_active_decodes=4)
     assert a.admitted == ("r0", "r1") and a.seat_stalled

@@ -47,3 +47,29 @@ def test_a_row_does_not_depend_on_its_batch():
         assert torch.equal(alone[0][0], batch[0][b]) and torch.equal(alone[1][0], batch[1][b])
     assert not batch[0][0, 2] and not batch[0][2, 0]           # unmasked positions never commit
     assert (batch[1] != MASK).all()                             # the mask token is never proposed
+
+
+def test_entropy_bound_rows_are_batch_invariant_and_seeded():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 4, 10, generator=g) * 3
+    masked = torch.ones(4, 4, dtype=torch.bool)
+    rows = [CommitRow(4, HOT, BlockPolicy(0.9, entropy_bound=1.0), 0, 1), CommitRow(4, GREEDY, BlockPolicy(0.3), 0, 1),
+            CommitRow(4, GREEDY, BlockPolicy(0.9, entropy_bound=0.5), 1, 1),
+            CommitRow(4, HOT, BlockPolicy(0.9, entropy_bound=1e6), 2, 1)]
+    batch = commit_step(logits, masked, rows, MASK)
+    for b in range(4):
+        alone = commit_step(logits[b:b + 1], masked[b:b + 1], rows[b:b + 1], MASK)
+        assert torch.equal(alone[0][0], batch[0][b]) and torch.equal(alone[1][0], batch[1][b])
+    assert batch[0][3].all()                                    # an unbounded budget commits everything
+    again = commit_step(logits, masked, rows, MASK)
+    assert torch.equal(again[1], batch[1])                     # same seed and coordinates, same tokens
+
+
+def test_first_only_rows_commit_the_block_start_alone():
+    conf = [0.3, 0.97, 0.96, 0.2]
+    logits = torch.stack([logits_for(conf)] * 2)
+    masked = torch.ones(2, 4, dtype=torch.bool)
+    rows = [CommitRow(4, GREEDY, BlockPolicy(0.9), 0, 0, first_only=True), CommitRow(4, GREEDY, BlockPolicy(0.9), 0, 0)]
+    commit, tokens = commit_step(logits, masked, rows, MASK)
+    assert commit[0].tolist() == [True, False, False, False] and tokens[0, 0] == 0
+    assert commit[1].tolist() == [False, True, True, False]

@@ -121,13 +121,143 @@ def test_chunked_proposals_equal_one_pass():
     temps = [0.0, 0.7, 0.0, 1.3, 0.0, 0.5, 0.0]
     widths = [5, 4, 5, 3, 5, 5, 2]
     top_p = [1.0, 0.9, 1.0, 1.0, 1.0, 0.5, 1.0]
+    top_k = [0, 0, 3, 5, 0, 2, 0]
+    min_p = [0.0, 0.1, 0.0, 0.0, 0.3, 0.0, 0.0]
 
     def run(chunk):
         gens = [step_generator(i, 0, 0) if t > 0 else None for i, t in enumerate(temps)]
-        return propose(logits.clone(), temps, gens, widths, 49, top_p, chunk_elements=chunk)
+        return propose(logits.clone(), temps, gens, widths, 49, top_p, top_k, min_p, chunk_elements=chunk)
 
     whole = run(1 << 25)
     for chunk in (1, 250, 600):                  # one row, one row, two rows per chunk
         tok, conf = run(chunk)
         assert torch.equal(tok, whole[0]) and torch.equal(conf, whole[1])
     assert not (whole[0] == 49).any()            # the banned (mask) id is never proposed
+
+
+def _eb(score, entropy, masked, bound):
+    return int(unmask.entropy_bounded_counts(torch.tensor([score], dtype=torch.float64),
+                                             torch.tensor([entropy], dtype=torch.float64), torch.tensor([masked]),
+                                             torch.tensor([bound], dtype=torch.float64))[0])
+
+
+def test_entropy_bound_commits_the_longest_prefix_by_confidence():
+    # ranked by score: entropies 0.1, 0.2, 0.3, 0.5; sum - max per prefix: 0, 0.1, 0.3, 0.6
+    score, ent = [0.9, 0.8, 0.7, 0.6], [0.1, 0.2, 0.3, 0.5]
+    assert _eb(score, ent, [True] * 4, 0.35) == 3
+    assert _eb(score, ent, [True] * 4, 0.61) == 4
+    assert _eb(score, ent, [True] * 4, 0.0) == 1                      # always at least the best one
+    # the order is the score's, not the entropy's: a confident but high-entropy position comes first
+    assert _eb([0.6, 0.9, 0.8, 0.7], [0.5, 0.1, 0.2, 0.3], [True] * 4, 0.35) == 3
+    assert _eb([0.9, 0.95, 0.8, 0.7], [2.0, 0.1, 0.1, 0.1], [True] * 4, 0.25) == 3   # 0.1+2.0-2.0, +0.1 fails at 4
+    # committed positions neither count nor spend the bound
+    assert _eb(score, [5.0, 0.2, 5.0, 0.5], [False, True, False, True], 0.2) == 2
+    assert _eb(score, ent, [False] * 4, 1.0) == 0
+
+
+def test_raising_the_entropy_bound_never_commits_less():
+    g = torch.Generator().manual_seed(1)
+    score = torch.rand(40, generator=g, dtype=torch.float64).tolist()
+    ent = (torch.rand(40, generator=g, dtype=torch.float64) * 3).tolist()
+    counts = [_eb(score, ent, [True] * 40, b / 2) for b in range(0, 140)]     # the total entropy is < 70
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 40
+
+
+def test_entropy_bound_in_commit_counts_and_its_precedence():
+    c = torch.tensor([[0.95, 0.92, 0.5, 0.4]], dtype=torch.float64)
+    h = torch.tensor([[0.2, 0.3, 1.0, 1.5]], dtype=torch.float64)
+    m = torch.ones(1, 4, dtype=torch.bool)
+
+    def count(bound=NAN, factor=NAN, fixed=-1):
+        return int(unmask.commit_counts(c, m, torch.tensor([0.9], dtype=torch.float64),
+                                        torch.tensor([factor], dtype=torch.float64), torch.tensor([fixed]),
+                                        torch.tensor([bound], dtype=torch.float64), h)[0])
+    assert count() == 2                          # no bound (NaN): the threshold rule
+    assert count(bound=1.25) == 3                # 0.2 + 0.3 + 1.0 - 1.0 = 0.5 <= 1.25; + 1.5 -> 1.5 > 1.25
+    assert count(bound=1.25, factor=0.01) == 1   # factor before entropy bound
+    assert count(bound=1.25, fixed=4) == 4       # fixed steps before everything
+
+
+def test_proposals_report_entropy_of_the_untempered_distribution():
+    logits = torch.zeros(1, 2, 5)
+    logits[0, 1, 2] = 1e4                        # one-hot
+    logits[0, :, 4] = 50.0                       # the banned id takes no mass
+    tok, conf, ent = unmask.propose(logits, [0.0], [None], [2], banned_id=4, with_entropy=True)
+    assert ent[0, 0].item() == pytest.approx(math.log(4)) and ent[0, 1].item() == pytest.approx(0.0, abs=1e-12)
+    hot = unmask.propose(logits, [2.0], [unmask.step_generator(1, 0, 0)], [2], banned_id=4, with_entropy=True)
+    assert torch.equal(hot[2], ent)              # temperature changes the proposal, not the measure
+    for chunk in (1, 5):                         # chunking changes nothing
+        assert torch.equal(unmask.propose(logits, [0.0], [None], [2], 4, chunk_elements=chunk,
+                                          with_entropy=True)[2], ent)
+
+
+def test_first_position_only_forces_the_block_start():
+    score = torch.tensor([[0.1, 0.9, 0.8], [0.1, 0.9, 0.8], [0.1, 0.9, 0.8]], dtype=torch.float64)
+    masked = torch.ones(3, 3, dtype=torch.bool)
+    count = torch.tensor([2, 2, 2])
+    fixed = torch.tensor([-1, 2, -1])            # row 1 runs fixed steps, row 2 is not a first-only row
+    s, n = unmask.first_position_only(score, count, torch.tensor([True, True, False]), fixed)
+    commit = unmask.select_commits(s, masked, n)
+    assert commit.tolist() == [[True, False, False], [True, True, False], [False, True, True]]
+
+
+def _sample(x, n, **filters):
+    """Tokens proposed for one position over n seeded steps (an extra last id is the banned mask)."""
+    row = torch.cat([x.flatten().float(), torch.zeros(1)]).view(1, 1, -1)
+    out = []
+    for i in range(n):
+        tok, _ = unmask.propose(row, [1.0], [unmask.step_generator(4, 0, i)], [1], banned_id=row.shape[-1] - 1,
+                                **{k: [v] for k, v in filters.items()})
+        out.append(tok.item())
+    return out
+
+
+def test_top_k_keeps_the_k_best_and_their_ties():
+    x = torch.tensor([[1.0, 3.0, 2.0, 2.0, -1.0]], dtype=torch.float64)
+    assert unmask.top_k_filter(x, 1).isfinite().tolist() == [[False, True, False, False, False]]
+    assert unmask.top_k_filter(x, 2).isfinite().tolist() == [[False, True, True, True, False]]   # a tie at k
+    assert unmask.top_k_filter(x, 0).isfinite().all() and unmask.top_k_filter(x, 99).isfinite().all()
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    assert set(_sample(logits, 300, top_k=2)) == {0, 1}          # never outside the two best, both reached
+
+
+def test_top_k_one_proposes_exactly_what_greedy_proposes():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 6, 40, generator=g) * 3
+    greedy = unmask.propose(logits, [0.0] * 3, [None] * 3, [6, 6, 4], banned_id=39)
+    gens = [unmask.step_generator(s, 1, 2) for s in range(3)]
+    hot = unmask.propose(logits, [1.0, 2.5, 0.3], gens, [6, 6, 4], banned_id=39, top_k=[1, 1, 1])
+    assert torch.equal(greedy[0], hot[0]) and torch.equal(greedy[1], hot[1])   # tokens and confidences
+
+
+def test_min_p_drops_tokens_far_below_the_best():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
+    assert unmask.min_p_filter(x, 0.5).isfinite().tolist() == [[True, True, False, False]]   # p >= 0.25
+    assert unmask.min_p_filter(x, 1.0).isfinite().tolist() == [[True, False, False, False]]
+    assert unmask.min_p_filter(x, 0.0).isfinite().all()
+    free = _sample(x[0].float(), 400)
+    kept = _sample(x[0].float(), 400, min_p=0.5)
+    assert set(kept) == {0, 1} and 2 in free                      # min_p changes what is sampled
+
+
+def test_filters_apply_in_order_top_k_top_p_min_p():
+    x = torch.log(torch.tensor([[0.35, 0.3, 0.2, 0.15]], dtype=torch.float64))
+    # top-k 3 renormalises to 0.41/0.35/0.24: top-p 0.7 then keeps two, min-p 0.9 then only the best
+    assert unmask.filtered(x, 3, 0.7, 0.0).isfinite().tolist() == [[True, True, False, False]]
+    assert unmask.filtered(x, 3, 0.7, 0.9).isfinite().tolist() == [[True, False, False, False]]
+    assert torch.equal(unmask.filtered(x, 0, 1.0, 0.0), x)
+
+
+def test_filtered_rows_do_not_depend_on_their_batch():
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(4, 5, 30, generator=g) * 2
+    temps, widths = [0.9, 1.2, 0.0, 0.7], [5, 3, 5, 4]
+    top_k, top_p, min_p = [3, 0, 0, 8], [1.0, 0.8, 1.0, 0.9], [0.0, 0.2, 0.0, 0.05]
+
+    def gens(rows):
+        return [unmask.step_generator(7 + b, 2, 1) if temps[b] > 0 else None for b in rows]
+    batch = unmask.propose(logits, temps, gens(range(4)), widths, 29, top_p, top_k, min_p)
+    for b in range(4):
+        alone = unmask.propose(logits[b:b + 1], temps[b:b + 1], gens([b]), widths[b:b + 1], 29, top_p[b:b + 1],
+                               top_k[b:b + 1], min_p[b:b + 1])
+        assert torch.equal(alone[0][0], batch[0][b]) and torch.equal(alone[1][0], batch[1][b])

@@ -17,12 +17,12 @@ from starlette.routing import Route
 from ..engine.async_engine import AsyncEngine
 from .errors import APIError, error_body, error_response
 from .metrics import Metrics
-from .openapi import openapi_document
+from .openapi import openapi_document, schema_limits
 from .playground import Playground
 from .routes import Routes
 
 log = logging.getLogger(__name__)
-PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")      # /tokenizer_info too (prefix)
 
 
 class RequestIdMiddleware:
@@ -70,7 +70,17 @@ class AuthMiddleware:
 def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
     metrics = Metrics(engine, model_name)
     r = Routes(engine, model_name, metrics)
-    doc = openapi_document(model_name)
+    docs: dict[bool, dict] = {}
+
+    def openapi(request: Request) -> JSONResponse:
+        """With the model's bounds once it is known (the workers report them when ready)."""
+        ready = engine.is_ready
+        if ready not in docs:
+            info, tok = engine.model_info, engine.tokenizer
+            limits = schema_limits(info.max_len, info.vocab_size, info.mask_id,
+                                   tok.vocab_size if tok else None) if ready else None
+            docs[ready] = openapi_document(model_name, limits)
+        return JSONResponse(docs[ready])
     routes = [
         Route("/v1/chat/completions", r.chat_completions, methods=["POST"]),
         Route("/v1/completions", r.completions, methods=["POST"]),
@@ -80,7 +90,8 @@ def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
         Route("/version", r.version, methods=["GET"]),
         Route("/tokenize", r.tokenize, methods=["POST"]),
         Route("/detokenize", r.detokenize, methods=["POST"]),
-        Route("/openapi.json", lambda request: JSONResponse(doc), methods=["GET"]),
+        Route("/tokenizer_info", r.tokenizer_info, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     if engine.config.playground:
         routes += Playground(engine, model_name).routes()

@@ -1,4 +1,7 @@
-"""The OpenAPI document, generated from the pydantic request models."""
+"""The OpenAPI document, generated from the pydantic request models, with the served model's own
+bounds (context, vocabulary, mask id) filled in once the workers have reported them: a request the
+schema allows is one the server accepts, except for the cross-field rules the fields' descriptions
+state (the prompt's token count against max_tokens, steps against the answer length)."""
 from __future__ import annotations
 
 from .. import __version__
@@ -30,12 +33,37 @@ def _get(summary: str, content_type: str = "application/json") -> dict:
         "503": {"description": "not ready"}}}}
 
 
-def openapi_document(model_name: str) -> dict:
+def schema_limits(max_len: int, vocab_size: int, mask_id: int, tokenizer_vocab: int | None) -> dict:
+    """The keywords each `x-dllm-bound` marker of the request models becomes for one model."""
+    limits = {"max_tokens": {"maximum": max_len - 1},      # a 1-token prompt, blocks of 1
+              "prompt_token": {"maximum": vocab_size - 1, "not": {"const": mask_id}}}
+    if tokenizer_vocab is not None:
+        limits["token"] = {"maximum": tokenizer_vocab - 1}
+    return limits
+
+
+def _apply_bounds(node, limits: dict) -> None:
+    if isinstance(node, dict):
+        kind = node.pop("x-dllm-bound", None)
+        if kind in limits:     # on the integer branch of an optional field, so generators see it there
+            ints = [b for b in node.get("anyOf", []) if b.get("type") == "integer"]
+            for target in ints or [node]:
+                target.update(limits[kind])
+        for value in node.values():
+            _apply_bounds(value, limits)
+    elif isinstance(node, list):
+        for value in node:
+            _apply_bounds(value, limits)
+
+
+def openapi_document(model_name: str, limits: dict | None = None) -> dict:
+    """`limits` from schema_limits (None before the workers are ready: the model-free bounds only)."""
     schemas = {"Error": ERROR_SCHEMA}
     for name, model in REQUEST_MODELS.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
+    _apply_bounds(schemas, limits or {})
     return {
         "openapi": "3.1.0",
         "info": {"title": "dllm-server", "version": __version__,
@@ -45,6 +73,7 @@ def openapi_document(model_name: str) -> dict:
             "/v1/completions": _post("CompletionRequest", "text completion (JSON or SSE)", True),
             "/tokenize": _post("TokenizeRequest", "tokenize a prompt or messages", False),
             "/detokenize": _post("DetokenizeRequest", "token ids to text", False),
+            "/tokenizer_info": _get("the tokenizer's special tokens and chat template (as vLLM's route)"),
             "/v1/models": _get("served models"),
             "/version": _get("server version"),
             "/health": {"get": {"summary": "200 when every worker is ready", "responses": {

@@ -55,7 +55,7 @@ class Playground:
 
     async def info(self, request: Request) -> Response:
         cfg, eng = self.engine.config, self.engine
-        sampling = SamplingParams()
+        sampling = SamplingParams(**eng.sampling_defaults)       # the generation config's, if any
         return JSONResponse({
             "model": self.model_name,
             "ready": eng.is_ready,
@@ -65,8 +65,9 @@ class Playground:
             "max_model_len": eng.model_info.max_len if eng.is_ready else None,
             "threshold_policy": cfg.threshold_policy,       # slo: a request's slo_ms steers its thresholds
             "default_slo_ms": cfg.default_slo_ms,
-            "defaults": {"chat_max_tokens": cfg.default_chat_max_tokens,
-                         "completion_max_tokens": cfg.default_completion_max_tokens,
+            "defaults": {"chat_max_tokens": eng.sampling_defaults.get("max_tokens", cfg.default_chat_max_tokens),
+                         "completion_max_tokens": eng.sampling_defaults.get("max_tokens",
+                                                                            cfg.default_completion_max_tokens),
                          "block_length": cfg.block_length, "threshold": cfg.threshold,
                          "temperature": sampling.temperature},
         }, headers={"Cache-Control": "no-store"})

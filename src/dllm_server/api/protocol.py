@@ -5,13 +5,26 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StringConstraints,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, RootModel, StrictBool, StringConstraints,
                       model_validator)
 
 from ..decoding.params import MAX_SEED, SamplingParams
+from . import openai_fields as of
 
 log = logging.getLogger(__name__)
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _whole(value):
+    """JSON Schema's integer includes 2.0 (and JavaScript clients send it): an integral float is
+    taken as its int; 2.5, true and "2" stay errors (the models are strict)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**bounds):
+    """An integer field's type: the bounds on the int itself (so the schema states them), then
+    the integral-float rule around it."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
 
 
 class OpenAIModel(BaseModel):
@@ -26,33 +39,65 @@ class OpenAIModel(BaseModel):
 class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
     include_progress: StrictBool = Field(False, description="dllm: stream denoising progress chunks (choices: [])")
+    include_obfuscation: of.IncludeObfuscation = None
+
+
+# The cross-field rules JSON Schema can state (the others are in the fields' descriptions).
+CONDITIONS = [
+    {"if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
+     "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]}},
+    {"if": {"properties": {"remasking": {"const": "random"}}, "required": ["remasking"]},
+     "then": {"properties": {"steps": {"type": "integer"}}, "required": ["steps"]}},
+    {"not": {"properties": {"factor": {"type": "number"}, "steps": {"type": "integer"}},
+             "required": ["factor", "steps"]}},
+    {"not": {"properties": {"entropy_bound": {"type": "number"}, "factor": {"type": "number"}},
+             "required": ["entropy_bound", "factor"]}},
+    {"not": {"properties": {"entropy_bound": {"type": "number"}, "steps": {"type": "integer"}},
+             "required": ["entropy_bound", "steps"]}},
+]
+MAX_N = 128      # OpenAI's limit
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "threshold", "factor", "steps", "seed", "block_length",
+                   "slo_ms", "entropy_bound")      # passed to SamplingParams as given; None: the default
+CONTEXT_RULE = ("prompt tokens + max_tokens rounded up to whole blocks (block_length) must fit the model's "
+                "context (max_model_len of /v1/models), else 400 naming max_tokens")
 
 
 class DiffusionFields(OpenAIModel):
     """Sampling fields shared by chat and completions, plus the diffusion extras."""
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": CONDITIONS})
+
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: integer(ge=1) | None = Field(None, description=CONTEXT_RULE,
+                                   json_schema_extra={"x-dllm-bound": "max_tokens"})
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens; " + CONTEXT_RULE,
+                                              json_schema_extra={"x-dllm-bound": "max_tokens"})
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    top_k: integer(ge=-1) | None = Field(None, description="sample among the k most likely tokens; 0 or -1: all")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
+    seed: integer(ge=0, le=MAX_SEED) | None = None
     stop: Union[NonEmptyStr, list[NonEmptyStr], None] = Field(None, description="a stop string or a list; their "
                                                               "number and length are capped by the server's limits")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: integer(ge=1, le=MAX_N) = Field(1, description="independent samples of each prompt: sample i uses seed + i "
+                   "(mod 2**63), so it equals the n=1 request with that seed")
     user: str | None = None
     ignore_eos: StrictBool = False
-    logprobs: StrictBool | None = Field(None, description="only false: not supported for diffusion models")
-    top_logprobs: StrictInt | None = Field(None, ge=0, le=0, description="only 0: not supported")
     presence_penalty: float | None = Field(None, ge=0, le=0, description="only 0 (not supported)")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="only 0 (not supported)")
+    logit_bias: of.LogitBias = None
     # diffusion extras
-    block_length: int | None = Field(None, ge=1, le=256)
+    block_length: integer(ge=1, le=256) | None = None
     threshold: float | None = Field(None, ge=0, le=1)
-    factor: float | None = Field(None, gt=0, le=1e6)
-    steps: int | None = Field(None, ge=1, le=1_000_000)
-    remasking: Literal["low_confidence", "random"] = SamplingParams().remasking
+    factor: float | None = Field(None, gt=0, le=1e6, description="not with steps")
+    steps: integer(ge=1, le=1_000_000) | None = Field(None, description="forwards over the whole answer (LLaDA); "
+                              "between the number of blocks and the answer length (max_tokens rounded up to "
+                              "whole blocks), else 400 naming steps; not with factor")
+    entropy_bound: float | None = Field(None, ge=0, le=1e6, description="dllm: the EB-sampler rule: commit, by "
+                                        "confidence, the most masked positions whose entropies summed less their "
+                                        "largest stay <= this; not with factor or steps")
+    remasking: Literal["low_confidence", "random"] = Field(SamplingParams().remasking, description="random needs steps")
     slo_ms: float | None = Field(None, gt=0, le=86_400_000, description="dllm: end-to-end latency target (ms) from "
                                  "arrival; with --threshold-policy slo each block's threshold is chosen to meet it")
     return_token_ids: StrictBool = False
@@ -61,18 +106,18 @@ class DiffusionFields(OpenAIModel):
     def _checks(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream=true")
-        if self.logprobs:
-            raise ValueError("logprobs: not supported for diffusion models (no left-to-right likelihood)")
         return self
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """Only the fields the request gave: SamplingParams holds every default."""
-        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+    def sampling_params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
+        """Only the fields the request gave, over `defaults` (the model's generation config);
+        SamplingParams holds every other default."""
+        defaults = dict(defaults or {})
+        max_tokens = self.max_completion_tokens or self.max_tokens or defaults.pop("max_tokens", default_max_tokens)
+        defaults.pop("max_tokens", None)
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        given = {k: getattr(self, k) for k in ("temperature", "top_p", "threshold", "factor", "steps", "seed",
-                                               "block_length", "slo_ms") if getattr(self, k) is not None}
+        given = {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
         return SamplingParams(max_tokens=max_tokens, remasking=self.remasking, ignore_eos=self.ignore_eos,
-                              stop=tuple(stop) if stop else None, **given)
+                              stop=tuple(stop) if stop else None, **{**defaults, **given})
 
     @property
     def include_usage(self) -> bool:
@@ -100,21 +145,38 @@ class ChatMessage(OpenAIModel):
 
 class ChatCompletionRequest(DiffusionFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: of.ChatLogprobs = None
+    top_logprobs: of.ChatTopLogprobs = None
+    tools: of.Tools = None
+    tool_choice: of.ToolChoice = None
+    parallel_tool_calls: of.ParallelToolCalls = None
+    functions: of.Functions = None
+    function_call: of.FunctionCall = None
+    response_format: of.ResponseFormat = None
+    modalities: of.Modalities = None
+    audio: of.Audio = None
+    prediction: of.Prediction = None
+    reasoning_effort: of.ReasoningEffort = None
+    web_search_options: of.WebSearch = None
+    verbosity: of.Verbosity = None
+    store: of.Store = None
+    metadata: of.Metadata = None
+    service_tier: of.ServiceTier = None
+    prompt_cache_key: str | None = Field(None, description="accepted: a cache hint that changes no output")
+    safety_identifier: str | None = Field(None, description="accepted, like user")
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenId = Annotated[integer(ge=0), Field(json_schema_extra={"x-dllm-bound": "prompt_token"})]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(DiffusionFields):
     prompt: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(min_length=1)], TokenIds,
                   Annotated[list[TokenIds], Field(min_length=1)]]
-    echo: StrictBool = Field(False, description="only false: not supported")
-
-    @model_validator(mode="after")
-    def _no_echo(self):
-        if self.echo:
-            raise ValueError("echo: not supported")
-        return self
+    echo: of.Echo = None
+    logprobs: of.CompletionLogprobs = None
+    best_of: of.BestOf = None
+    suffix: of.Suffix = None
 
     def prompts(self) -> list[Any]:
         """Each prompt as the engine takes it: a string or {"prompt_token_ids": [...]}."""
@@ -131,6 +193,7 @@ class CompletionRequest(DiffusionFields):
 class TokenizePrompt(OpenAIModel):
     model: str | None = None
     prompt: str
+    add_special_tokens: StrictBool = Field(True, description="as vLLM: add the tokenizer's BOS and the like")
 
 
 class TokenizeMessages(OpenAIModel):
@@ -151,7 +214,7 @@ class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):
 
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: list[Annotated[integer(ge=0), Field(json_schema_extra={"x-dllm-bound": "token"})]]
 
 
 REQUEST_MODELS = {"ChatCompletionRequest": ChatCompletionRequest, "CompletionRequest": CompletionRequest,

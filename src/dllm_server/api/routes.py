@@ -3,6 +3,7 @@ tokenize / detokenize. Validation and tokenisation happen before any response is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import __version__
+from ..decoding.params import sample_seed
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
 from ..engine.requests import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT, RequestHandle
 from . import sse
@@ -63,16 +65,26 @@ class Routes:
 
     async def _submit(self, prompts: list[Any], req: DiffusionFields, default_max: int, request_id: str,
                       chat: bool) -> list[RequestHandle]:
+        """One engine request per (prompt, sample): choice k = prompt k // n, sample k % n, whose
+        seed is sample_seed(the first sample's seed, k % n)."""
         self._check_serving()
+        many = len(prompts) * req.n > 1
         try:
-            params = req.sampling_params(default_max)
+            params = req.sampling_params(default_max, self.engine.sampling_defaults)
             states = []
             for i, p in enumerate(prompts):
-                rid = f"{request_id}-{i}" if len(prompts) > 1 else request_id
-                if chat:
-                    states.append(await self.engine.prepare_async(params=params, messages=p, request_id=rid))
-                else:
-                    states.append(await self.engine.prepare_async(p, params, request_id=rid))
+                first = None
+                for j in range(req.n):
+                    rid = f"{request_id}-{i * req.n + j}" if many else request_id
+                    pj = params if first is None else dataclasses.replace(
+                        params, seed=sample_seed(first.params.seed, j))
+                    if chat:
+                        st = await self.engine.prepare_async(params=pj, messages=p, request_id=rid)
+                    else:
+                        st = await self.engine.prepare_async(p, pj, request_id=rid)
+                    if first is None:
+                        first = st
+                    states.append(st)
         except ValueError as exc:
             raise from_value_error(exc)
         stream = STREAM_PROGRESS if req.include_progress else STREAM_TEXT if req.stream else STREAM_NONE
@@ -88,8 +100,8 @@ class Routes:
             raise APIError(500, f"engine is dead: {exc}")
         return handles
 
-    def _usage(self, outputs) -> dict:
-        p = sum(len(o.prompt_token_ids) for o in outputs)
+    def _usage(self, outputs, n: int) -> dict:
+        p = sum(len(o.prompt_token_ids) for o in outputs[::n])      # each prompt once, as OpenAI counts
         c = sum(len(o.token_ids) for o in outputs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
@@ -163,7 +175,7 @@ class Routes:
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": self.model_name, "choices": choices,
-                             "usage": self._usage(outputs)})
+                             "usage": self._usage(outputs, req.n)})
 
     async def _collect(self, entries: list[RequestHandle], req: DiffusionFields):
         async def one(entry):
@@ -175,7 +187,7 @@ class Routes:
 
     async def _stream(self, req: DiffusionFields, entries: list[RequestHandle], rid: str, created: int, chat: bool):
         obj = "chat.completion.chunk" if chat else "text_completion"
-        hold = max((len(s) for s in (req.sampling_params(1).stop or ())), default=1) - 1
+        hold = max((len(s) for s in ([req.stop] if isinstance(req.stop, str) else req.stop or ())), default=1) - 1
         sent = [0] * len(entries)           # characters streamed: the stable text only grows
         role_sent = [False] * len(entries)
         outputs = [None] * len(entries)
@@ -221,7 +233,7 @@ class Routes:
                     sent[i] = stable
             if req.include_usage and all(o is not None for o in outputs):
                 yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                 "choices": [], "usage": self._usage(outputs)})
+                                 "choices": [], "usage": self._usage(outputs, req.n)})
         except Exception as exc:   # after the 200: report in-band, never hang
             log.exception("stream failed")
             yield sse.frame({"error": {"message": str(exc), "type": "InternalServerError", "param": None,
@@ -272,7 +284,7 @@ class Routes:
         def run() -> list[int]:
             if isinstance(req.root, TokenizeMessages):
                 return tok.apply_chat_template([m.as_template_message() for m in req.root.messages])
-            return tok.encode(req.root.prompt)
+            return tok.encode(req.root.prompt, req.root.add_special_tokens)
         try:
             ids = await asyncio.get_running_loop().run_in_executor(self.engine.tokenize_pool, run)
         except ValueError as exc:
@@ -287,6 +299,11 @@ class Routes:
         if bad:
             raise APIError(400, f"tokens: ids {bad[:5]} are outside the vocabulary [0, {tok.vocab_size})", "tokens")
         return JSONResponse({"prompt": tok.hf.decode(req.tokens)})
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        info = self._tokenizer().info()
+        info["model_max_length"] = self.engine.model_info.max_len if self.engine.is_ready else None
+        return JSONResponse(info)
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:

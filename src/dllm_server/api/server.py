@@ -10,11 +10,11 @@ import logging
 import resource
 import socket
 import time
-from pathlib import Path
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..checkpoint import served_name
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
 from .app import build_app
@@ -91,7 +91,7 @@ def run_server(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_open_files_limit()
     engine = AsyncEngine(config)
-    model_name = config.served_model_name or Path(engine.path).name
+    model_name = config.served_model_name or served_name(config.model, engine.path)
     exit_code = {"code": 0}
     server: DrainingServer | None = None
 

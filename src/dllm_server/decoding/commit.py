@@ -1,7 +1,7 @@
 """The per-row commit rule of one denoising step: which masked positions of each active block
 commit, and to which tokens. Pure tensor function over a batch; each row carries its own
-request params (sampler, seed) and its block's policy (threshold / factor / fixed steps), so
-rows of one batch, and blocks of one request, may follow different rules.
+request params (sampler, seed) and its block's policy (threshold / factor / entropy bound /
+fixed steps), so rows of one batch, and blocks of one request, may follow different rules.
 
 Sampling runs where the logits are (no [B, K, V] copy to the host); only the commit mask and the
 proposals come back, in one device-to-host transfer.
@@ -25,6 +25,7 @@ class CommitRow:
     policy: BlockPolicy
     block_index: int
     step: int                       # forwards this block has already had (0 = its full forward)
+    first_only: bool = False        # Fast-dLLM's Dream rule at the block's full forward (unmask.first_position_only)
 
 
 def fixed_count(policy: BlockPolicy, block_length: int, step: int) -> int:
@@ -69,8 +70,11 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
     widths = [r.width for r in rows]
     gens = [unmask.step_generator(r.params.seed, r.block_index, r.step, dev) if r.params.needs_rng else None
             for r in rows]
-    tokens, conf = unmask.propose(logits, [r.params.temperature for r in rows], gens, widths, mask_id,
-                                  [r.params.top_p for r in rows])
+    with_entropy = any(r.policy.entropy_bound is not None for r in rows)
+    proposed = unmask.propose(logits, [r.params.temperature for r in rows], gens, widths, mask_id,
+                              [r.params.top_p for r in rows], [r.params.top_k for r in rows],
+                              [r.params.min_p for r in rows], with_entropy=with_entropy)
+    tokens, conf = proposed[:2]
     score = unmask.random_scores(widths, gens, logits.shape[1], [r.params.remasking == "random" for r in rows],
                                  conf)
     nan = float("nan")
@@ -79,7 +83,14 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
                           dtype=torch.float64, device=dev)
     fixed = torch.tensor([fixed_count(r.policy, r.params.block_length, r.step) for r in rows],
                          dtype=torch.int64, device=dev)
-    count = unmask.commit_counts(score, masked, threshold, factor, fixed)
+    bound = None
+    if with_entropy:
+        bound = torch.tensor([nan if r.policy.entropy_bound is None else r.policy.entropy_bound for r in rows],
+                             dtype=torch.float64, device=dev)
+    count = unmask.commit_counts(score, masked, threshold, factor, fixed, bound, proposed[2] if with_entropy else None)
+    if any(r.first_only for r in rows):
+        first = torch.tensor([r.first_only for r in rows], dtype=torch.bool, device=dev)
+        score, count = unmask.first_position_only(score, count, first, fixed)
     commit = unmask.select_commits(score, masked, count)
     if candidates is None:
         host = torch.stack((commit.to(torch.int64), tokens)).cpu()     # the step's one device-to-host sync

@@ -4,8 +4,9 @@
   server default").
 - `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
   the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
-- `BlockPolicy`: how one block commits (threshold, factor or a fixed number of steps), chosen by
-  the front process's decode policy per block (policy/), so blocks of one request may differ.
+- `BlockPolicy`: how one block commits (threshold, factor, entropy bound or a fixed number of
+  steps), chosen by the front process's decode policy per block (policy/), so blocks of one
+  request may differ.
 
 No torch, no devices here.
 """
@@ -19,6 +20,12 @@ from ..config import REMASKING, ServerConfig
 MAX_SEED = 2**63 - 1
 
 
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request with n > 1: seed + index (mod 2**63), so each sample
+    is exactly the n=1 request with that seed (sample 0 keeps the request's own)."""
+    return (seed + index) % (MAX_SEED + 1)
+
+
 def request_seed(base_seed: int, arrival_seq: int) -> int:
     """The seed of a request that gave none: fixed at arrival, so batching never changes it."""
     return (base_seed * 1_000_003 + arrival_seq * 7_919 + 1) % (2**63)
@@ -29,6 +36,8 @@ class SamplingParams:
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0                       # 0 (or -1, as vLLM): off
+    min_p: float = 0.0                   # 0: off
     threshold: float | None = None
     factor: float | None = None
     steps: int | None = None
@@ -38,6 +47,7 @@ class SamplingParams:
     stop: tuple[str, ...] | None = None
     block_length: int | None = None
     slo_ms: float | None = None          # end-to-end latency target from arrival (threshold policy "slo")
+    entropy_bound: float | None = None   # EB-sampler's gamma (decoding/unmask.py entropy_bounded_counts)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -55,6 +65,10 @@ class SamplingParams:
             bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
         if not is_num(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < -1:
+            bad("top_k", f"must be an integer >= 1, or 0 / -1 for no limit, got {self.top_k!r}")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
         if self.threshold is not None and (not is_num(self.threshold) or not 0 <= self.threshold <= 1):
             bad("threshold", f"must be in [0, 1], got {self.threshold!r}")
         if self.factor is not None and (not is_num(self.factor) or self.factor <= 0):
@@ -67,6 +81,10 @@ class SamplingParams:
             bad("remasking", "'random' ranks positions for the fixed-steps schedule; give steps too")
         if self.factor is not None and self.steps is not None:
             bad("factor", "choose one rule: factor or steps, not both")
+        if self.entropy_bound is not None and (not is_num(self.entropy_bound) or self.entropy_bound < 0):
+            bad("entropy_bound", f"must be a finite number >= 0, got {self.entropy_bound!r}")
+        if self.entropy_bound is not None and (self.factor is not None or self.steps is not None):
+            bad("entropy_bound", "choose one rule: entropy_bound, factor or steps")
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             bad("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if self.stop is not None:
@@ -86,7 +104,7 @@ class SamplingParams:
         never depend on batching. (Commit rules are resolved per block: BlockPolicy.)"""
         return DecodeParams(self.max_tokens, config.block_length if self.block_length is None else self.block_length,
                             self.temperature, self.top_p, self.remasking, default_seed if self.seed is None else self.seed,
-                            self.ignore_eos)
+                            self.ignore_eos, max(0, self.top_k), float(self.min_p))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +117,8 @@ class DecodeParams:
     remasking: str
     seed: int
     ignore_eos: bool
+    top_k: int = 0                  # 0: off
+    min_p: float = 0.0              # 0: off
 
     @property
     def needs_rng(self) -> bool:
@@ -109,10 +129,12 @@ class DecodeParams:
 class BlockPolicy:
     """How one block commits, resolved by the front process: exactly one rule applies; `steps`
     (forwards of this block under LLaDA's linear schedule) first, then `factor`, then
-    `threshold` (every masked position whose confidence reaches it, at least the best one)."""
+    `entropy_bound`, then `threshold` (every masked position whose confidence reaches it, at
+    least the best one)."""
     threshold: float
     factor: float | None = None
     steps: int | None = None
+    entropy_bound: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
@@ -121,3 +143,5 @@ class BlockPolicy:
             raise ValueError(f"factor: must be > 0, got {self.factor!r}")
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
             raise ValueError(f"steps: must be >= 1, got {self.steps!r}")
+        if self.entropy_bound is not None and not self.entropy_bound >= 0:
+            raise ValueError(f"entropy_bound: must be >= 0, got {self.entropy_bound!r}")

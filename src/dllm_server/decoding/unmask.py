@@ -24,6 +24,15 @@ def step_generator(seed: int, block_index: int, step: int,
     return torch.Generator(device=device).manual_seed(x & ((1 << 63) - 1))
 
 
+def top_k_filter(x: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the `top_k` highest logits (0: all). Ties with the k-th are kept, so the result never
+    depends on how a sort orders equal values."""
+    if top_k <= 0 or top_k >= x.shape[-1]:
+        return x
+    kth = x.topk(top_k, dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
 def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability reaches top_p (at least one)."""
     probs = torch.softmax(x, dim=-1)
@@ -33,22 +42,46 @@ def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
     return x.masked_fill(drop, float("-inf"))
 
 
+def min_p_filter(x: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens whose probability is at least `min_p` times the most likely one's."""
+    probs = torch.softmax(x, dim=-1)
+    return x.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def filtered(tempered: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The sampling filters in Hugging Face's order (after temperature): top-k, top-p, min-p."""
+    if top_k > 0:
+        tempered = top_k_filter(tempered, top_k)
+    if top_p < 1.0:
+        tempered = top_p_filter(tempered, top_p)
+    if min_p > 0.0:
+        tempered = min_p_filter(tempered, min_p)
+    return tempered
+
+
 def propose(logits: torch.Tensor, temperature: list[float], generators: list[torch.Generator | None],
             widths: list[int], banned_id: int, top_p: list[float] | None = None,
-            chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
+            top_k: list[int] | None = None, min_p: list[float] | None = None,
+            chunk_elements: int = 1 << 25, with_entropy: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Proposed token and its confidence for every position.
 
     logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
     many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
-    float64, after an optional top-p filter of the tempered distribution. Confidence is the
-    *untempered* softmax probability of the proposal (LLaDA / Fast-dLLM). `banned_id` (the
-    mask token) can never be proposed. Rows go through float64 in chunks of at most
-    `chunk_elements` values (256 MiB), so memory stays bounded at any batch; per row the
-    arithmetic is the same whatever the chunking.
+    float64 over the tempered logits after the row's filters (`filtered`: top-k, top-p, min-p),
+    so filters choose which token each position proposes. Confidence is the *untempered,
+    unfiltered* softmax probability of the proposal (LLaDA / Fast-dLLM): the model's own belief
+    in the token, so the commit rules mean the same whatever the sampler settings (and top_k=1
+    commits exactly what greedy commits). `banned_id` (the mask token) can never be proposed.
+    Rows go through float64 in chunks of at most `chunk_elements` values (256 MiB), so memory
+    stays bounded at any batch; per row the arithmetic is the same whatever the chunking.
+    With `with_entropy`, also the entropy (nats) of every position's untempered, unfiltered
+    distribution, float64 [B, K] (the EB-sampler's measure).
     """
     b_total, k, v = logits.shape
     tokens = torch.empty(b_total, k, dtype=torch.int64, device=logits.device)
     confidence = torch.empty(b_total, k, dtype=torch.float64, device=logits.device)
+    entropy = torch.empty(b_total, k, dtype=torch.float64, device=logits.device) if with_entropy else None
     step = max(1, chunk_elements // max(1, k * v))
     for lo in range(0, b_total, step):
         hi = min(b_total, lo + step)
@@ -62,22 +95,25 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
                 w = widths[b]
                 u = torch.rand((w, v), generator=generators[b], dtype=torch.float64, device=x.device)
                 gumbel = -torch.log(-torch.log(u))
-                tempered = x[b - lo, :w] / temp
-                if top_p is not None and top_p[b] < 1.0:
-                    tempered = top_p_filter(tempered, top_p[b])
+                tempered = filtered(x[b - lo, :w] / temp, top_k[b] if top_k else 0, top_p[b] if top_p else 1.0,
+                                    min_p[b] if min_p else 0.0)
                 tok[b - lo, :w] = (tempered + gumbel).argmax(dim=-1)
         tokens[lo:hi] = tok
         confidence[lo:hi] = log_probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1).exp()
-    return tokens, confidence
+        if entropy is not None:
+            entropy[lo:hi] = torch.special.entr(log_probs.exp()).sum(dim=-1)   # entr(0) = 0: the banned id
+    return (tokens, confidence) if entropy is None else (tokens, confidence, entropy)
 
 
 def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor,
-                  factor: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+                  factor: torch.Tensor, fixed: torch.Tensor, entropy_bound: torch.Tensor | None = None,
+                  entropy: torch.Tensor | None = None) -> torch.Tensor:
     """How many masked positions each row commits this step (>= 1 while any is masked).
 
     Per row exactly one rule applies: `fixed[b] >= 0` (fixed schedule), else `factor[b]` when
     not NaN (Fast-dLLM factor rule: the n-th best passes if c_n >= 1 - f/(n+1); the longest
-    passing prefix is committed, exactly, not upstream's off-by-one), else `threshold[b]`
+    passing prefix is committed, exactly, not upstream's off-by-one), else `entropy_bound[b]`
+    when given and not NaN (entropy_bounded_counts over `entropy`), else `threshold[b]`
     (every confidence >= threshold, at least the best one).
     """
     s = torch.where(masked, score, torch.full_like(score, float("-inf")))
@@ -87,10 +123,43 @@ def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Te
     n = torch.arange(1, s.shape[-1] + 1, dtype=torch.float64, device=s.device)
     passes = ranked >= 1.0 - factor.unsqueeze(-1) / (n + 1)
     by_factor = passes.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
-    count = torch.where(factor.isnan(), by_threshold, by_factor)
+    count = by_threshold
+    if entropy_bound is not None:
+        count = torch.where(entropy_bound.isnan(), count, entropy_bounded_counts(score, entropy, masked,
+                                                                                 entropy_bound.nan_to_num(0.0)))
+    count = torch.where(factor.isnan(), count, by_factor)
     count = torch.where(fixed >= 0, fixed, count)
     count = torch.maximum(count, torch.ones_like(count))
     return torch.minimum(count, num_masked)
+
+
+def entropy_bounded_counts(score: torch.Tensor, entropy: torch.Tensor, masked: torch.Tensor,
+                           bound: torch.Tensor) -> torch.Tensor:
+    """The EB-sampler rule (Ben-Hamu et al. 2025, arXiv 2505.24857): rank each row's masked
+    positions by score, best first (ties to the lower position, as select_commits), and commit
+    the longest prefix whose entropies summed, less their largest, stay <= bound[b]. The
+    first position always passes (its excess is 0); the excess never falls as the prefix
+    grows, so a larger bound never commits fewer."""
+    s = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    order = torch.sort(s, dim=-1, descending=True, stable=True).indices
+    h = torch.where(masked, entropy, torch.zeros_like(entropy)).gather(-1, order)
+    excess = h.cumsum(dim=-1) - h.cummax(dim=-1).values
+    count = (excess <= bound.unsqueeze(-1)).to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    return torch.minimum(torch.clamp(count, min=1), masked.sum(dim=-1))
+
+
+def first_position_only(score: torch.Tensor, count: torch.Tensor, first_only: torch.Tensor,
+                        fixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast-dLLM's Dream block sampler at a block's full forward (rows with first_only[b]): the
+    block's first position commits whatever its confidence, because the cached steps that
+    follow feed the block from its start and cannot predict it. Under the adaptive rules it
+    commits alone; under fixed steps it is the first of that step's quota. Returns the
+    (score, count) that select_commits then uses."""
+    lead = torch.zeros_like(score, dtype=torch.bool)
+    lead[:, 0] = True
+    score = torch.where(first_only.unsqueeze(-1) & lead, torch.full_like(score, float("inf")), score)
+    count = torch.where(first_only & (fixed < 0), torch.ones_like(count), count)
+    return score, count
 
 
 def select_commits(score: torch.Tensor, masked: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
-from ..checkpoint import model_path, read_config
+from ..checkpoint import architecture_of, model_path, read_config, request_defaults
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
@@ -50,8 +50,9 @@ class EngineDead(Exception):
 class AsyncEngine:
     def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None):
         self.config = config
-        self.path = model_path(config.model)
-        read_config(self.path)            # a clear error now, not a worker traceback later
+        self.path = model_path(config.model, config.revision, config.download_dir)
+        architecture_of(read_config(self.path), config.model or str(self.path))   # a clear error now, not in a worker
+        self.generation_config, self.sampling_defaults = request_defaults(self.path, config.generation_config)
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.load = WorkerLoadModel(config.block_length)       # step-time models, shared by policy and router
         self.policy = policy or make_policy(config, self.path, self.load)
@@ -88,7 +89,7 @@ class AsyncEngine:
             self.pool.stop(timeout_s=5)
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
-        self.stop_ids = stop_token_ids(self.path, self.model_info.eos_id, self.tokenizer)
+        self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
         if self.watchdog.timeout_s:
             self._watch_task = asyncio.ensure_future(self._watch())
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
@@ -224,7 +225,7 @@ class AsyncEngine:
 
     def _build(self, text: str | None, ids: list[int], params: SamplingParams | None,
                request_id: str | None) -> RequestState:
-        params = params or SamplingParams()
+        params = params or SamplingParams(**self.sampling_defaults)      # the generation config's, as LLM
         seq = next(self._arrivals)
         resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
         check_request(ids, params, resolved, self.model_info)

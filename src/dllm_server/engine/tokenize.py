@@ -3,24 +3,46 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>")
+# Classes whose whole behaviour is tokenizer.json: loaded directly, without transformers' class lookup.
+PLAIN_FAST = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_hf_tokenizer(folder: Path):
+    """tokenizer.json of a plain fast tokenizer directly; anything else (a named class such as
+    LlamaTokenizer over tokenizer.model, a BPE vocab.json + merges.txt) through transformers' own
+    AutoTokenizer, which also reads chat_template.jinja. A class that needs remote code falls back
+    to its tokenizer.json when there is one."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    has_json = (folder / "tokenizer.json").is_file()
+    if has_json and cfg.get("tokenizer_class") in PLAIN_FAST:
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:
+        missing = _missing_sentencepiece(folder)
+        if missing and not has_json:
+            raise ValueError(f"model: {folder} ships a sentencepiece tokenizer.model, which needs {missing}: "
+                             "pip install sentencepiece protobuf (the sentencepiece extra)") from exc
+        if has_json:
+            log.info("tokenizer class %s did not load (%s); using tokenizer.json", cfg.get("tokenizer_class"), exc)
+            return PreTrainedTokenizerFast.from_pretrained(str(folder))
+        raise ValueError(f"model: cannot load a tokenizer from {folder} ({exc}); pass "
+                         "skip_tokenizer_init=True and token-id prompts") from exc
 
 
 class Tokenizer:
     def __init__(self, folder: str | Path):
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-        folder = Path(folder)
-        if (folder / "tokenizer.json").is_file():
-            self.hf = PreTrainedTokenizerFast.from_pretrained(str(folder))
-        else:
-            try:
-                self.hf = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-            except Exception as exc:
-                raise ValueError(f"model: cannot load a tokenizer from {folder} ({exc}); pass "
-                                 "skip_tokenizer_init=True and token-id prompts") from exc
+        self.hf = load_hf_tokenizer(Path(folder))
+        if not self.hf.chat_template:
+            self.hf.chat_template = _template_file(Path(folder))
         self.vocab_size = len(self.hf)
         # The most characters one token can stand for: a token's string is at least as long as
         # the text it covers (byte-level: one character per byte; specials match literally).
@@ -28,8 +50,8 @@ class Tokenizer:
         # Progress streams name every committed token; a few ids recur, so remember them (bounded).
         self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=True))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if not self.hf.chat_template:
@@ -56,14 +78,46 @@ class Tokenizer:
             ids.add(self.hf.eos_token_id)
         return ids
 
+    def info(self) -> dict:
+        """What /tokenizer_info reports (vLLM's route; lm-evaluation-harness probes it)."""
+        hf = self.hf
+        return {"tokenizer_class": type(hf).__name__, "eos_token": hf.eos_token, "bos_token": hf.bos_token,
+                "pad_token": hf.pad_token, "unk_token": hf.unk_token, "eos_token_id": hf.eos_token_id,
+                "bos_token_id": hf.bos_token_id, "vocab_size": self.vocab_size, "chat_template": hf.chat_template}
 
-def stop_token_ids(folder: str | Path, eos_id: int, tokenizer: Tokenizer | None) -> tuple[int, ...]:
-    """EOS from config.json and generation_config.json, plus the tokenizer's end-of-turn tokens."""
+
+def _missing_sentencepiece(folder: Path) -> str | None:
+    """The packages transformers needs to read a tokenizer.model that are not installed, if any."""
+    if not (folder / "tokenizer.model").is_file():
+        return None
+    absent = [pkg for pkg, mod in (("sentencepiece", "sentencepiece"), ("protobuf", "google.protobuf"))
+              if _no_module(mod)]
+    return " and ".join(absent) or None
+
+
+def _no_module(name: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is None
+    except ModuleNotFoundError:          # a parent package (google) is absent
+        return True
+
+
+def _template_file(folder: Path) -> str | None:
+    """A chat template shipped beside the tokenizer (chat_template.jinja, or chat_template.json)
+    when the tokenizer class did not pick it up itself."""
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    if (folder / "chat_template.json").is_file():
+        return json.loads((folder / "chat_template.json").read_text()).get("chat_template")
+    return None
+
+
+def stop_token_ids(generation_config: dict, eos_id: int, tokenizer: Tokenizer | None) -> tuple[int, ...]:
+    """EOS from config.json and the honoured generation config, plus the tokenizer's end-of-turn tokens."""
     ids = {eos_id}
-    gen = Path(folder) / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    eos = generation_config.get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
     if tokenizer is not None:
         ids |= tokenizer.end_of_turn_ids()
     return tuple(sorted(ids))

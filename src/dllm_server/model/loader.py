@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import read_config
+from ..checkpoint import MODEL_TYPES, architecture_of, read_config
 from . import dream, llada
 from .args import ModelArgs
 from .layers import Rotary
@@ -21,19 +21,8 @@ ARCHITECTURES = {
     "LLaDAModelLM": (llada.args_from_config, llada.LLaDAModelLM),
     "DreamModel": (dream.args_from_config, dream.DreamModel),
 }
-MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
-
-
-def architecture_of(cfg: dict) -> str:
-    for name in cfg.get("architectures") or []:
-        if name in ARCHITECTURES:
-            return name
-    if cfg.get("model_type") in MODEL_TYPES:
-        return MODEL_TYPES[cfg["model_type"]]
-    raise ValueError(f"model: unsupported architecture {cfg.get('architectures')} / model_type "
-                     f"{cfg.get('model_type')!r}; supported: {sorted(ARCHITECTURES)}")
 
 
 def resolve_dtype(requested: str, cfg: dict, device: torch.device) -> torch.dtype:
@@ -64,7 +53,7 @@ def load_model(path: str | Path, dtype: str = "auto",
                device: str | torch.device = "cpu") -> tuple[nn.Module, ModelArgs, torch.dtype]:
     folder = Path(path)
     cfg = read_config(folder)
-    make_args, cls = ARCHITECTURES[architecture_of(cfg)]
+    make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]
     args = make_args(cfg)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, cfg, device)

@@ -64,16 +64,17 @@ class StaticPolicy:
 
 
 def request_rule(state: RequestState, block_index: int, default_threshold: float) -> BlockPolicy:
-    """The request's own rule: its threshold (else `default_threshold`), its factor, or its fixed
-    steps split over the blocks as LLaDA does."""
+    """The request's own rule: its threshold (else `default_threshold`), its factor, its entropy
+    bound, or its fixed steps split over the blocks as LLaDA does."""
     s = state.sampling
     steps = None if s.steps is None else steps_per_block(s.steps, state.num_blocks, block_index)
-    return BlockPolicy(default_threshold if s.threshold is None else s.threshold, s.factor, steps)
+    return BlockPolicy(default_threshold if s.threshold is None else s.threshold, s.factor, steps, s.entropy_bound)
 
 
 def names_a_rule(state: RequestState) -> bool:
     s = state.sampling
-    return s.threshold is not None or s.factor is not None or s.steps is not None
+    return (s.threshold is not None or s.factor is not None or s.steps is not None
+            or s.entropy_bound is not None)
 
 
 class FixedPolicy(StaticPolicy):

@@ -2,7 +2,10 @@
 remaining forwards. It wraps the server's decode policy (decisions unchanged) and writes:
 - at admission, {"kind": "admit", "rid", "tau", "x"}: the predictor's features before any step;
 - per step, {"kind": "step", "rid", "block", "step", "tau", "x"}: features after that step;
-- at the end, {"kind": "end", "rid", "finish", "forwards", "steps_per_block", "thresholds"}.
+- at the end, {"kind": "end", "rid", "finish", "forwards", "steps_per_block", "thresholds", "tokens",
+  "arrival_seq", "prompt_len", "max_tokens", "block_length", "ignore_eos", "eos_at"}: `eos_at` is the
+  answer position of the first stop token (None: none within max_tokens), so the cluster
+  simulator (sim/behaviour.py) can replay where each answer ended and what each block took.
 `x` is progress.feature_row at the block's own threshold, so training and serving share one
 feature definition. Writes are buffered; a file per server start."""
 from __future__ import annotations
@@ -16,6 +19,16 @@ from ..decoding.params import BlockPolicy
 from ..engine.request_state import GenerationOutput, RequestState
 from ..messages import BlockDone, LoadReport, StepDelta
 from .progress import Progress, feature_row
+
+
+def replay_fields(state: RequestState) -> dict:
+    """What a replay of this request needs besides its blocks' forwards: its shape and where the
+    answer's first stop token landed (None: nowhere before max_tokens, or ignore_eos)."""
+    p = state.params
+    n = state.visible_len()
+    eos_at = n if not p.ignore_eos and n < min(p.max_tokens, state.answer_len) else None
+    return {"arrival_seq": state.arrival_seq, "prompt_len": state.prompt_len, "max_tokens": p.max_tokens,
+            "block_length": p.block_length, "ignore_eos": p.ignore_eos, "eos_at": eos_at}
 
 
 class TracingPolicy:
@@ -79,7 +92,7 @@ class TracingPolicy:
         s = output.stats
         self._write({"kind": "end", "rid": rid, "finish": output.finish_reason, "forwards": s.num_forwards,
                      "steps_per_block": s.steps_per_block, "thresholds": [b.threshold for b in s.block_policies],
-                     "tokens": len(output.token_ids)})
+                     "tokens": len(output.token_ids), **replay_fields(state)})
         self.file.flush()
         self.progress.pop(rid, None)
         self.taus.pop(rid, None)

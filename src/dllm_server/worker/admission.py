@@ -12,6 +12,10 @@ Per worker iteration (reference/sangam.md §2, with its starvation hole closed):
    Idle rule: with no seated decode and nothing admitted yet, the head goes in whatever it costs.
    The scan stops at the first candidate that does not fit (no overtaking). A candidate also
    needs its KV pages and a seat (seated + prefilled-waiting + admitted < max_active_decodes).
+   One exception, for liveness: behind a head stalled on memory, blocks that already hold their
+   pages (a continued block, `pages_needed == 0`) may still go in under the budget and seat rules;
+   no later block that needs pages may. Pages come back only when holders finish, so a head that
+   waits for pages behind holders that wait for it would deadlock (found by the simulator).
 3. Deficit: unused credit carries forward (`avail - spent`, never negative); it resets to 0 when
    nothing waits; a stall on memory or seats earns no new credit (only the old deficit carries,
    minus what admissions overspent).
@@ -64,9 +68,9 @@ def admit(waiting: Sequence[PrefillCandidate], *, decode_tokens: int, token_budg
         if len(admitted) >= seats:
             seat_stalled = True
             break
-        if c.pages_needed > free_pages:
-            memory_stalled = True
-            break
+        if c.pages_needed and (memory_stalled or c.pages_needed > free_pages):
+            memory_stalled = True      # this one and every later one needing pages wait; holders may pass
+            continue
         idle = num_active == 0 and not admitted
         if spent + c.cost_tokens > avail and not idle:
             break

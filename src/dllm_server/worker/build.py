@@ -14,7 +14,7 @@ from ..model.loader import load_model
 from .core import WorkerCore
 from .handoff import WorkerHandoffs
 from .kv_pool import KVPool
-from .kv_transfer import Waiter
+from .kv_transfer import TorchTransport, Waiter
 from .model_step import ModelStepper
 from .profile import profile_iterations
 
@@ -30,7 +30,8 @@ def build_core(config: WorkerConfig, model_path: str, device: torch.device, work
     model, args, dtype = load_model(model_path, config.dtype, device)
     pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.num_kv_heads, args.head_dim, dtype, device)
     stepper = ModelStepper(config, model, args, pool, device)
-    handoffs = WorkerHandoffs(worker_id, pool, Waiter(device)) if transfers else None
+    handoffs = WorkerHandoffs(worker_id, pool, TorchTransport(worker_id, pool.layers, Waiter(device))) if transfers \
+        else None
     return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit), model_info(args)
 
 

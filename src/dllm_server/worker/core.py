@@ -80,6 +80,15 @@ class IterationStats:
     forward_s: float = 0.0
 
 
+def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> IterationStats:
+    """What one iteration feeds (the step-time model's features, policy/step_time.py): a prefill
+    feeds its whole canvas and attends over it (squared), a decode its fed tokens against the
+    canvas's keys. Pure; the core and the simulator's stepper both describe an iteration with it."""
+    return IterationStats(sum(t.canvas.numel() for t in prefills), decode_tokens,
+                          sum(t.canvas.numel() for t in decodes), sum(t.canvas.numel() ** 2 for t in prefills),
+                          len(prefills), len(decodes))
+
+
 class WorkerCore:
     def __init__(self, config: WorkerConfig, stepper: Stepper, pool: KVPool, mask_id: int,
                  handoffs: WorkerHandoffs | None = None, emit: Callable[[list], None] | None = None):
@@ -175,7 +184,7 @@ class WorkerCore:
         """Finished KV transfers: HandoffDone messages; received blocks join the ready queue."""
         if self.handoffs is None:
             return []
-        out, installs = self.handoffs.poll(time.perf_counter())
+        out, installs = self.handoffs.poll()
         for inst in installs:
             self._install(inst)
         return out
@@ -228,13 +237,8 @@ class WorkerCore:
         decodes = [self.tasks[r] for r in self.active]
         decode_tokens = sum(self.stepper.fed_tokens(t, False) for t in decodes)
         prefills = self._admit(decode_tokens)
-        last = self.last
-        last.prefill_tokens = sum(t.canvas.numel() for t in prefills)
-        last.prefill_sq = sum(t.canvas.numel() ** 2 for t in prefills)
-        last.decode_tokens = decode_tokens
-        last.decode_keys = sum(t.canvas.numel() for t in decodes)
-        last.num_prefills, last.num_decodes = len(prefills), len(decodes)
-        last.forward_s = 0.0
+        last = self.last = iteration_load(prefills, decodes, decode_tokens)
+        last.deficit_tokens = self.deficit_tokens
         batch = prefills + decodes
         if not batch:
             return []
@@ -265,7 +269,8 @@ class WorkerCore:
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         """Admission over the waiting blocks in arrival order; a continued block already holds its
-        pages. The admitted ones are always a prefix of that order (no overtaking)."""
+        pages. The admitted ones are a prefix of that order, except for page holders passing a head
+        stalled on memory (worker/admission.py)."""
         waiting = [self.tasks[rid] for _, _, rid in self.waiting]
         candidates = [PrefillCandidate(t.request_id, t.arrival_seq, t.canvas.numel(),
                                        0 if t.alloc is not None else self.pool.pages_needed(t.canvas.numel()))
@@ -275,9 +280,13 @@ class WorkerCore:
                          deficit_tokens=self.deficit_tokens, free_pages=self.pool.num_free_pages,
                          num_active=len(self.active), num_ready=len(self.ready),
                          max_active_decodes=pol.max_active_decodes, credit_share=pol.credit_share)
-        self.deficit_tokens = self.last.deficit_tokens = decision.deficit_tokens
-        admitted = waiting[: len(decision.admitted)]
-        del self.waiting[: len(admitted)]
+        self.deficit_tokens = decision.deficit_tokens
+        chosen = set(decision.admitted)
+        admitted = [t for t in waiting if t.request_id in chosen]
+        if len(admitted) == len(waiting) or (admitted and waiting[len(admitted) - 1] is admitted[-1]):
+            del self.waiting[: len(admitted)]          # the usual case: a prefix
+        elif admitted:
+            self.waiting = [k for k in self.waiting if k[2] not in chosen]
         for t in admitted:
             t.phase = PREFILL
             if t.alloc is None:

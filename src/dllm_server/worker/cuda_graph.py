@@ -63,7 +63,7 @@ def capture_plan(max_len: int, max_batch: int, num_pages: int, page_size: int) -
 class _Shape:
     batch: int
     width: int                  # fed tokens per sequence
-    block: int                  # logit rows per sequence (width - logit_shift)
+    block: int                  # logit rows per sequence (width - lead)
     keys: int
     ids: torch.Tensor           # int64 [batch * width]
     positions: torch.Tensor     # int64 [batch * width]
@@ -77,8 +77,9 @@ class _Shape:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
-                 max_batch: int, capture: bool):
+                 max_batch: int, capture: bool, lead: int | None = None):
         self.model, self.args, self.pool, self.device = model, args, pool, device
+        self.lead = args.logit_shift if lead is None else lead     # fed positions before the block (window_lead)
         self.max_batch = max_batch
         self.capture = capture and device.type == "cuda"
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
@@ -91,7 +92,7 @@ class DecodeGraphs:
         pool can hold (capture_plan), largest first so the shared pool is sized once and the first
         requests never wait on a capture. Other block widths are captured on first use. Returns the
         number of graphs."""
-        width = block_length + self.args.logit_shift
+        width = block_length + self.lead
         for b, k in capture_plan(self.args.max_len, self.max_batch, self.pool.num_pages, self.pool.page_size):
             if (b, width, k) not in self.shapes:
                 self._build(b, width, k)
@@ -101,10 +102,10 @@ class DecodeGraphs:
         """Every item a dual-cache block step of one width, no more than max_batch of them."""
         if not items or len(items) > self.max_batch:
             return False
-        shift = self.args.logit_shift
+        lead = self.lead
         w = items[0].fed_end - items[0].fed_start
-        return all(it.fed_end - it.fed_start == w and it.block_end - it.block_start == w - shift
-                   and it.fed_start == it.block_start - shift for it in items)
+        return all(it.fed_end - it.fed_start == w and it.block_end - it.block_start == w - lead
+                   and it.fed_start == it.block_start - lead for it in items)
 
     def run(self, items) -> torch.Tensor:
         """Block logits [len(items), block, vocab]: a view of a static buffer, valid until the next run."""
@@ -145,11 +146,13 @@ class DecodeGraphs:
 
     def _build(self, batch: int, width: int, keys: int) -> _Shape:
         dev = self.device
-        block = width - self.args.logit_shift
+        block = width - self.lead
         if block not in self.outputs:    # outside any capture: an ordinary allocation, not the graph pool
             self.outputs[block] = torch.empty(pow2_at_least(self.max_batch) * block, self.args.vocab_size,
                                               dtype=torch.float32, device=dev)
-        rows = (torch.arange(batch).unsqueeze(1) * width + torch.arange(block)).view(-1)
+        # as the runner's rows: block position j from fed row j + lead - shift, clamped to the window
+        rows = (torch.arange(batch).unsqueeze(1) * width
+                + (torch.arange(block) + self.lead - self.args.logit_shift).clamp_min(0)).view(-1)
         s = _Shape(batch, width, block, keys,
                    torch.zeros(batch * width, dtype=torch.int64, device=dev),
                    torch.zeros(batch * width, dtype=torch.int64, device=dev),

@@ -7,6 +7,10 @@ when the waiter reports the sends done. A receiver reserves pages under a *recei
 it posts the receives; they become the block's own pages at InstallKV once the data is in, and
 go back to the pool if the request ended first. Refused (no pages) and dropped (request ended)
 transfers reserve nothing: their data is drained.
+
+The transport is injected (kv_transfer.TorchTransport in a worker process; the cluster simulator's
+stand-in, sim/transport.py, completes transfers after a simulated time), so this bookkeeping is
+the same in both.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 
 from ..messages import HandoffDone, KVSent, ReceiveKV, SubmitBlock
 from .kv_pool import KVPool, PageAlloc
-from .kv_transfer import KVSender, SendItem, Transfer, Waiter, install_staging, post_receives
+from .kv_transfer import SendItem, TorchTransport, Transfer
 
 
 def sending_owner(request_id: str, block_index: int) -> str:
@@ -48,31 +52,30 @@ class Install:
 
 
 class WorkerHandoffs:
-    def __init__(self, worker_id: int, pool: KVPool, waiter: Waiter) -> None:
+    def __init__(self, worker_id: int, pool: KVPool, transport: TorchTransport) -> None:
         self.worker_id = worker_id
         self.pool = pool
-        self.waiter = waiter
-        self.sender = KVSender(worker_id, pool.layers, waiter)
+        self.transport = transport
         self.arrivals: dict[tuple[str, int], _Arrival] = {}
 
     @property
     def pending(self) -> bool:
-        return bool(self.waiter.pending)
+        return self.transport.pending
 
     # ---- sending ----
     def open_streams(self, items: list[tuple[str, int, PageAlloc, int, int]]) -> list[KVSent]:
         """(request, block, pages, canvas length, receiver) of every prefill of this forward whose
         KV streams layer by layer; the KVSent messages must leave before the forward starts."""
-        return self.sender.open([self._take(*it) for it in items])
+        return self.transport.open([self._take(*it) for it in items])
 
     def layer_done(self, kv) -> None:
-        self.sender.layer_done(kv)
+        self.transport.layer_done(kv)
 
     def close_streams(self) -> None:
-        self.sender.close()
+        self.transport.close()
 
     def send_held(self, request_id: str, block_index: int, alloc: PageAlloc, length: int, dst: int) -> list[KVSent]:
-        return self.sender.send_now([self._take(request_id, block_index, alloc, length, dst)])
+        return self.transport.send_now([self._take(request_id, block_index, alloc, length, dst)])
 
     def _take(self, request_id: str, block_index: int, alloc: PageAlloc, length: int, dst: int) -> SendItem:
         self.pool.rename(request_id, sending_owner(request_id, block_index))
@@ -87,7 +90,7 @@ class WorkerHandoffs:
                 alloc = self.pool.allocate(receiving_owner(rid, block), length)
                 self.arrivals[(rid, block)] = _Arrival()
             dests.append(None if alloc is None else slots_of(alloc, length))
-        post_receives(self.pool.layers, self.waiter, msg, dests)
+        self.transport.post(msg, dests)
 
     def install(self, block: SubmitBlock) -> list[Install]:
         a = self.arrivals.get((block.request_id, block.block_index))
@@ -104,11 +107,12 @@ class WorkerHandoffs:
                 self.arrivals[key].aborted = True     # the pages stay until the peer's data is in
 
     # ---- completions ----
-    def poll(self, now: float) -> tuple[list[HandoffDone], list[Install]]:
+    def poll(self) -> tuple[list[HandoffDone], list[Install]]:
         """Finished transfers: the sender's pages go back to the pool, received blocks whose
         InstallKV came may decode. A transport error is fatal to the worker (the group is broken)."""
         out, installs = [], []
-        for t in self.waiter.completed():
+        now = self.transport.clock()
+        for t in self.transport.completed():
             if t.error is not None:
                 raise RuntimeError(f"KV transfer with worker {t.peer} failed: {t.error}")
             if t.is_sender:
@@ -124,7 +128,7 @@ class WorkerHandoffs:
         if a is None:
             return []
         a.done = True
-        install_staging(self.pool.layers, t)
+        self.transport.install(t)
         if a.aborted:
             self._drop(t.request_id, t.block_index)
             return []

@@ -229,6 +229,44 @@ def install_staging(layers: list[LayerKV], t: Transfer) -> None:
         layer.v[t.slots] = kv[1]
 
 
+class TorchTransport:
+    """The transport WorkerHandoffs drives (a simulator gives it a stand-in with the same methods,
+    sim/transport.py): this worker's sender, its posted receives and the waiter that reports
+    both ends' completions. `clock` stamps transfers (Transfer.started_at)."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, worker_id: int, layers: list[LayerKV], waiter: Waiter) -> None:
+        self.layers = layers
+        self.waiter = waiter
+        self.sender = KVSender(worker_id, layers, waiter)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.waiter.pending)
+
+    def open(self, items: list[SendItem]) -> list[KVSent]:
+        return self.sender.open(items)
+
+    def layer_done(self, kv: LayerKV) -> None:
+        self.sender.layer_done(kv)
+
+    def close(self) -> None:
+        self.sender.close()
+
+    def send_now(self, items: list[SendItem]) -> list[KVSent]:
+        return self.sender.send_now(items)
+
+    def post(self, msg: ReceiveKV, dests: list[torch.Tensor | slice | None]) -> None:
+        post_receives(self.layers, self.waiter, msg, dests)
+
+    def completed(self) -> list[Transfer]:
+        return self.waiter.completed()
+
+    def install(self, t: Transfer) -> None:
+        install_staging(self.layers, t)
+
+
 def connect_peers(rank: int, peers: list[int], device: torch.device) -> None:
     """Exchange one tiny tensor with every KV peer, in sorted pair order, at start-up. NCCL builds a
     pair's communicator on its first point-to-point call, and that blocks both ends: it must not

@@ -1,6 +1,6 @@
-"""Worker process entry: build the core, say WorkerReady, then pump: take what the inbox holds,
-hand each message to the core (one dispatch), collect finished KV transfers, run an iteration
-when there is work, and send the turn's messages in one put. Policy lives in the core."""
+"""Worker process entry: build the core, say WorkerReady, then pump: take what the inbox holds and
+take one turn with it (worker/turn.py: one dispatch per message, finished KV transfers, an
+iteration when there is work), then send the turn's messages in one put. Policy lives in the core."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from ..config import WorkerConfig
-from ..messages import Shutdown, WorkerFailed, WorkerReady, WorkerSpec
+from ..messages import WorkerFailed, WorkerReady, WorkerSpec
 from .build import build_core, startup_profile
 from .kv_transfer import connect_peers
+from .turn import take_turn
 
 HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not
 
@@ -84,21 +85,16 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
             return
         idle = not core.has_work and not core.transfers_pending
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
-        out: list = []
-        for m in msgs:
-            if isinstance(m, Shutdown):
-                return
-            out += core.handle(m)
         handled += len(msgs)
-        out += core.poll_transfers()
-        if core.has_work:
-            out += core.step()
-            iterations += 1
         # Every turn that took a message reports, and a worker with work (even one stalled for
         # pages) reports at least every HEARTBEAT_S: the front's watchdog counts on both. The
         # turn's time covers inbox, step and building the batch; the put is the last act.
-        if out or msgs or (core.has_work and turn_start - last_put > HEARTBEAT_S):
-            out.append(core.load_report(spec.worker_id, iterations, time.perf_counter() - turn_start, handled))
+        turn = take_turn(core, msgs, spec.worker_id, iterations, lambda _: time.perf_counter() - turn_start,
+                         handled, heartbeat=turn_start - last_put > HEARTBEAT_S)
+        if turn is None:
+            return
+        out, iterations = turn
+        if out:
             outbox.put(out)
             last_put = time.perf_counter()
 

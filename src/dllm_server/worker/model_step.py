@@ -17,7 +17,7 @@ from ..decoding.commit import CommitRow, commit_step
 from ..model.args import ModelArgs
 from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool
-from .runner import ForwardItem, ModelRunner, fed_range
+from .runner import ForwardItem, ModelRunner, fed_range, first_only, window_lead
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class StepResult:
 
 
 class Stepper(Protocol):
+    def fed_tokens(self, t: StepBlock, is_prefill: bool) -> int: ...
+
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult: ...
 
 
@@ -73,9 +75,12 @@ class ModelStepper:
                  device: torch.device):
         self.config = config
         self.args = args
+        self.lead = window_lead(args.logit_shift, config.dream_decoding)
+        self.first_only = first_only(args.logit_shift, config.dream_decoding, config.cache)
         graphs = None
         if device.type == "cuda" and not config.enforce_eager and not config.causal:
-            graphs = DecodeGraphs(model, args, pool, device, config.policy.max_active_decodes, capture=True)
+            graphs = DecodeGraphs(model, args, pool, device, config.policy.max_active_decodes, capture=True,
+                                  lead=self.lead)
             t0 = time.perf_counter()
             n = graphs.capture_all(config.block_length)
             log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
@@ -84,11 +89,11 @@ class ModelStepper:
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
 
     def _item(self, t: StepBlock, is_prefill: bool) -> ForwardItem:
-        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.args.logit_shift)
+        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
         return ForwardItem(t.canvas, t.alloc, a, b, t.start, t.end)
 
     def fed_tokens(self, t: StepBlock, is_prefill: bool) -> int:
-        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.args.logit_shift)
+        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
@@ -101,6 +106,10 @@ class ModelStepper:
         masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
         for i, t in enumerate(batch):
             masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
-        rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step) for t in batch]
+        # Fast-dLLM's Dream rule on a block's full forward while its first position is open (a
+        # re-prefill after a failed handoff finds it committed already)
+        n_pre = len(prefills)
+        rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
+                          self.first_only and i < n_pre and bool(masked[i, 0])) for i, t in enumerate(batch)]
         out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
         return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None)   # timer read after the copy

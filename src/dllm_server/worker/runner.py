@@ -1,9 +1,12 @@
 """Packs one iteration's work into a single model forward and returns block logits.
 
 Each item feeds a contiguous position range of its canvas and wants logits for its active
-block. For Dream-style models (logit_shift = 1) block position p is predicted from p - 1, so the
-fed window starts one earlier and the logits rows are shifted (dInfer's shifted window).
-This is the only place that launches device work; it knows nothing of queues or lifecycles.
+block. For Dream-style models (logit_shift = 1) block position p is predicted from p - 1. A
+cached step's window then either starts one earlier (lead 1: dInfer's shifted window) or at the
+block start (lead 0: Fast-dLLM's Dream block sampler, where the block's first position is
+predicted from its own output, like Fast-dLLM's in-window shift, and is always committed
+already). This is the only place that launches device work; it knows nothing of queues or
+lifecycles.
 """
 from __future__ import annotations
 
@@ -28,13 +31,26 @@ class ForwardItem:
 
 
 def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, canvas_len: int,
-              logit_shift: int) -> tuple[int, int]:
-    """Which canvas positions a step feeds, by cache mode (reference/dllm_algorithms.md §3.1)."""
+              lead: int) -> tuple[int, int]:
+    """Which canvas positions a step feeds, by cache mode (reference/dllm_algorithms.md §3.1);
+    a cached step also feeds the `lead` positions before its block (window_lead)."""
     if is_prefill or mode == "none":
         return 0, canvas_len
     if mode == "prefix":
-        return block_start - logit_shift, canvas_len
-    return block_start - logit_shift, block_end           # dual
+        return block_start - lead, canvas_len
+    return block_start - lead, block_end           # dual
+
+
+def window_lead(logit_shift: int, dream_decoding: str) -> int:
+    """Positions before the block a cached step feeds: the logit shift under dInfer's shifted
+    window, none under Fast-dLLM's Dream rules (and always none for LLaDA)."""
+    return logit_shift if dream_decoding == "shifted" else 0
+
+
+def first_only(logit_shift: int, dream_decoding: str, cache: str) -> bool:
+    """Whether a block's full forward commits only its first position (Fast-dLLM's Dream block
+    sampler; only with a cache, whose cached steps cannot predict that position)."""
+    return logit_shift > 0 and dream_decoding == "fast_dllm" and cache != "none"
 
 
 class ModelRunner:
@@ -71,7 +87,8 @@ class ModelRunner:
             slots.append(fed + a.slot_base if a.slot_ids is None else
                          torch.tensor(a.pages, dtype=torch.int64)[fed // page] * page + fed % page)
             first = q_start + (it.block_start - shift - it.fed_start)
-            rows.append(torch.arange(first, first + it.block_end - it.block_start))
+            # clamped: a window fed from its block start predicts the first position from its own output
+            rows.append(torch.arange(first, first + it.block_end - it.block_start).clamp_min(q_start))
             seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), a.slot_base, a.slot_ids, a.pages))
             q_start += n
         logits = self.model(torch.cat(ids).to(self.device), torch.cat(pos).to(self.device),

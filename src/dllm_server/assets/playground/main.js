@@ -8,8 +8,8 @@ import {CanvasView, drawLegend} from "./view.js";
 
 const $ = id => document.getElementById(id);
 const view = new CanvasView($("canvas"));
-const NUMBER_FIELDS = ["max_tokens", "block_length", "threshold", "steps", "factor", "slo_ms", "temperature",
-                       "seed"];
+const NUMBER_FIELDS = ["max_tokens", "block_length", "threshold", "steps", "factor", "entropy_bound", "slo_ms",
+                       "temperature", "seed"];
 let info = null;
 let run = null;             // the request on screen
 let conversation = [];      // chat turns so far: [{role, content}]
@@ -162,12 +162,13 @@ function caption(m, k) {
     + `${f.masked} masked left`;
 }
 
-// The commit rule: the request's own steps or factor, else the thresholds the server's decode
-// policy chose (per block: an SLO policy may lower them).
+// The commit rule: the request's own steps, factor or entropy bound, else the thresholds the
+// server's decode policy chose (per block: an SLO policy may lower them).
 function commitRule(s) {
   const b = run.body;
   if (b.steps) return `${b.steps} steps (fixed)`;
   if (b.factor) return `factor ${b.factor}`;
+  if (b.entropy_bound != null) return `entropy bound ${b.entropy_bound}`;
   if (!s) return `threshold ${b.threshold ?? (info ? info.defaults.threshold : "default")} (asked)`;
   const distinct = [...new Set(s.thresholds)];
   return (distinct.length === 1 ? `threshold ${distinct[0]}` : `thresholds ${s.thresholds.join(" · ")}`) + " (used)";

@@ -1,0 +1,137 @@
+"""Simulator validation on this CPU: the same workload through the real multi-process engine and
+through the simulator (the CPU cost model fitted by `dllm-server calibrate`; each request's
+forwards per block replayed from the real run's own outputs), for six configurations at three
+loads: mean and p99 end-to-end latency and throughput, and the simulator's error on each. The
+workload is bench/scheduler.py's (prompts 32/96/224 token ids, answers 32/64/96, ignore_eos,
+block 32, threshold 0.9, Poisson), 48 requests per run; the machine's load average is recorded
+before and after every real run.
+
+Two simulations per cell: with the calibration file (fitted earlier, the out-of-sample test the
+planner relies on) and with the same cost model fitted to this real run's own iteration reports
+(in-sample iteration times, the "given the same iteration times" test: what is left is the error
+of the simulated scheduling, queueing and messaging). On a shared 2-core machine the two differ
+by how much the CPU available to the engine drifted between the calibration and the run.
+
+    python bench/sim_validate.py --calibration docs/results/sim_cpu.json --out docs/results/sim_validation.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import replay  # noqa: E402
+from scheduler import workload  # noqa: E402
+
+from dllm_server.config import ServerConfig  # noqa: E402
+from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
+from dllm_server.engine.placement import worker_roles  # noqa: E402
+from dllm_server.sim.behaviour import ReplayBehaviour, SimRequest, rows_from_outputs  # noqa: E402
+from dllm_server.sim.cluster import Simulator  # noqa: E402
+from dllm_server.sim.calibrate import trace_rows  # noqa: E402
+from dllm_server.sim.cost import FittedCost, fit_iterations, load_cpu_cost  # noqa: E402
+
+CONFIGS = [
+    ("batch-1 FCFS", dict(max_active_decodes=1, token_budget=None)),
+    ("tau=1024", dict(token_budget=1024)),
+    ("tau=inf", dict(token_budget=None)),
+    ("colocated x2", dict(num_workers=2)),
+    ("disaggregated 1P+1D", dict(placement="disaggregated", num_workers=1)),
+    ("hybrid 1P+1D", dict(placement="hybrid", num_workers=1, overflow_threshold_tokens=2048)),
+]
+
+
+def stats(lat: list[float], n: int, span: float) -> dict:
+    q = statistics.quantiles(lat, n=100)
+    return {"mean_s": statistics.mean(lat), "p99_s": q[98], "req_s": n / span}
+
+
+async def real_run(config: ServerConfig, reqs) -> tuple[dict, list, object, int, list]:
+    engine = AsyncEngine(config)
+    await engine.start()
+    try:
+        lat, outs, wall = await replay(engine, reqs)
+        trace = engine.iteration_trace()
+        info = engine.model_info
+    finally:
+        await engine.shutdown(0)
+    return stats(lat, len(reqs), wall), outs, info, len(trace), trace_rows(trace)
+
+
+def in_run_cost(calibrated: FittedCost, rows: list) -> FittedCost:
+    """The calibration's cost model with its iteration fits replaced by fits to this run's reports."""
+    return FittedCost(fit_iterations(rows), calibrated.message_latency_s, calibrated.idle_turn_s,
+                      calibrated.kv_bytes_per_token, calibrated.link_bytes_per_s, calibrated.num_layers,
+                      name="cpu-fitted-to-this-run")
+
+
+def sim_run(config: ServerConfig, cost, reqs, outs, info) -> tuple[dict, int, float]:
+    rows = rows_from_outputs(outs, [p for _, _, p in reqs])
+    sim = Simulator(config, cost, ReplayBehaviour(rows), info, record=True)
+    requests = [SimRequest(at, len(prompt["prompt_token_ids"]), p.max_tokens, None, True) for at, prompt, p in reqs]
+    res = sim.run(requests)
+    lat = res.latencies()
+    assert len(lat) == len(reqs), f"{len(reqs) - len(lat)} simulated requests did not finish"
+    return stats(lat, len(reqs), res.makespan_s), sum(len(v) for v in res.iterations.values()), res.wall_s
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calibration", required=True, help="the JSON written by `dllm-server calibrate`")
+    ap.add_argument("--model", help="default: the embedded demo model")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--rates", default="2,4,6", help="Poisson loads, req/s")
+    ap.add_argument("--only", help="comma-separated configuration names")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("docs/results/sim_validation.json"))
+    a = ap.parse_args()
+    base = ServerConfig(model=a.model, dtype="float32", threads_per_worker=1, kv_cache_tokens=32768)
+    rates = [float(r) for r in a.rates.split(",")]
+    cells = json.loads(a.out.read_text())["cells"] if a.out.exists() and a.only else []
+    print("| configuration | load (req/s) | real mean / p99 (s) | real req/s | sim (calibration) mean / p99 (s) | "
+          "mean / p99 / req/s err | sim (fitted to the run) mean / p99 (s) | mean / p99 / req/s err | "
+          "iterations real / sim / sim | loadavg before -> after |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, kw in CONFIGS:
+        if a.only and name not in a.only.split(","):
+            continue
+        cfg = base.replace(**kw)
+        for rate in rates:
+            reqs = workload(a.requests, rate, a.seed)
+            before = os.getloadavg()
+            t = time.perf_counter()
+            real, outs, info, real_iters, rows = await real_run(cfg, reqs)
+            real_wall = time.perf_counter() - t
+            after = os.getloadavg()
+            roles = worker_roles(cfg.placement, cfg.num_workers, cfg.num_prefill_workers)
+            calibrated = load_cpu_cost(a.calibration, num_workers=len(roles))
+            cell = {"config": name, "rate": rate, "real": real, "loadavg_before": before, "loadavg_after": after,
+                    "real_wall_s": real_wall, "iterations": {"real": real_iters}}
+            text = []
+            for key, cost in (("sim", calibrated), ("sim_in_run", in_run_cost(calibrated, rows))):
+                sim, sim_iters, sim_wall = sim_run(cfg, cost, reqs, outs, info)
+                err = {k: (sim[k] - real[k]) / real[k] for k in real}
+                cell.update({key: sim, f"error_{key}": err, f"{key}_wall_s": sim_wall})
+                cell["iterations"][key] = sim_iters
+                text.append(f"{sim['mean_s']:.2f} / {sim['p99_s']:.2f} | {100 * err['mean_s']:+.0f} / "
+                            f"{100 * err['p99_s']:+.0f} / {100 * err['req_s']:+.0f} %")
+            cell["in_run_fits"] = {k: {m: v[m] for m in ("samples", "turn_mean_abs_rel_error")}
+                                   for k, v in fit_iterations(rows).items()}
+            cells = [c for c in cells if (c["config"], c["rate"]) != (name, rate)] + [cell]
+            it = cell["iterations"]
+            print(f"| {name} | {rate:g} | {real['mean_s']:.2f} / {real['p99_s']:.2f} | {real['req_s']:.2f} | "
+                  f"{text[0]} | {text[1]} | {it['real']} / {it['sim']} / {it['sim_in_run']} | "
+                  f"{before[0]:.2f} -> {after[0]:.2f} |", flush=True)
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps({"calibration": a.calibration, "requests": a.requests, "seed": a.seed,
+                                         "workload": "bench/scheduler.py workload()", "cells": cells}, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

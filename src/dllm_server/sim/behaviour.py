@@ -1,0 +1,245 @@
+"""Request behaviour models: how a simulated request denoises, the one thing a model forward decides
+that the scheduler sees. Per block and forward, how many positions commit (left to right), and
+where the answer's EOS lands; from that the real WorkerCore decides when a block ends and when the
+request is final, exactly as with a model.
+
+- `ParametricBehaviour`: for models we cannot run here. Each forward commits the most confident
+  position plus Poisson(ppf - 1) more, ppf = positions per forward at the block's threshold
+  (POSITIONS_PER_FORWARD, every value with its source); the answer ends where the workload says.
+- `ReplayBehaviour`: traces our own engine recorded (policy/tracing.py end rows, or the same rows
+  written from GenerationOutputs): each request's forwards per block and where its EOS landed,
+  replayed exactly by arrival order, or sampled per block for requests that were not recorded.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..decoding.canvas import transfer_counts
+from ..decoding.params import BlockPolicy
+
+# Positions committed per forward (tokens per forward) under Fast-dLLM threshold decoding with the
+# KV cache, by threshold. (threshold, ppf, source); linear in between, flat outside.
+POSITIONS_PER_FORWARD = {
+    "llada-8b": (
+        (0.7, 4.85, "assumption from a digest: DiLaServe, 0.9 -> 0.7 cuts denoising steps by 38 % "
+                    "(dilaserve_eval_ray.md 1.2): 3.01 / 0.62"),
+        (0.9, 3.01, "Fast-dLLM Fig. 1b, LLaDA GSM8K, parallel + cache (dllm_algorithms.md 3.2)"),
+        (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
+    ),
+    "dream-7b": (   # no published per-forward figure for Dream under Fast-dLLM: LLaDA's, an assumption
+        (0.7, 4.85, "assumption: LLaDA-8B's figure"),
+        (0.9, 3.01, "assumption: LLaDA-8B's figure (Fast-dLLM reports Dream speed-ups, not tokens per forward)"),
+        (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
+    ),
+}
+
+
+def positions_per_forward(table, threshold: float) -> float:
+    """Piecewise-linear in the threshold through the table's points, flat beyond its ends."""
+    xs = [p[0] for p in table]
+    ys = [p[1] for p in table]
+    if threshold <= xs[0]:
+        return ys[0]
+    if threshold >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, threshold)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (threshold - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request of a simulated workload. `eos_at`: the answer position its first EOS lands on
+    (None: none before max_tokens); ignored with ignore_eos."""
+    arrival_s: float
+    prompt_len: int
+    max_tokens: int
+    eos_at: int | None = None
+    ignore_eos: bool = True
+    threshold: float | None = None
+    slo_ms: float | None = None          # threshold policy "slo": this request's end-to-end target
+
+
+class Behaviour:
+    """Base: per block, the commits of each forward (from `block_counts`), cached; `commit_range`
+    answers the stepper's question for one row of one forward.
+
+    A block must commit its `needed` positions (up to the EOS, or up to max_tokens) before the
+    request can end; past them ("spare": after the EOS or max_tokens) a model may also commit
+    positions, which end nothing. A plan commits K positions (needed <= K <= width), the spare
+    ones first, so the block ends exactly at its last forward, as it did when it was recorded."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[int, int | None]] = {}   # request id -> (arrival seq, eos_at)
+        self._plans: dict[tuple[str, int], tuple[list[int], int]] = {}
+
+    def register(self, request_id: str, seq: int, req: SimRequest) -> None:
+        self.requests[request_id] = (seq, None if req.ignore_eos else req.eos_at)
+
+    def forget(self, request_id: str, num_blocks: int) -> None:
+        self.requests.pop(request_id, None)
+        for b in range(num_blocks):
+            self._plans.pop((request_id, b), None)
+
+    def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
+        """Positions committed by each forward of a block `width` wide that must commit `needed`
+        of them: each >= 1, needed <= sum <= width."""
+        raise NotImplementedError
+
+    def commit_range(self, t) -> tuple[list[tuple[int, int]], int | None]:
+        """For a block task (worker/core.py BlockTask) at its current step: the block-relative
+        column ranges this forward commits, and the column of the EOS among them (or None)."""
+        seq, eos_at = self.requests[t.request_id]
+        p = t.params
+        width = t.end - t.start
+        offset = t.start - t.prompt_len                 # answer position of the block's first cell
+        limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
+        needed = max(1, min(width, limit - offset))
+        key = (t.request_id, t.block_index)
+        plan = self._plans.get(key)
+        if plan is None:
+            counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
+            cum = list(itertools.accumulate(counts, initial=0))
+            plan = self._plans[key] = (cum, cum[-1] - needed)
+        cum, spare = plan
+        s = t.step
+        a = cum[s] if s < len(cum) else cum[-1]
+        b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
+        if b <= a:                                       # past the plan (never expected): finish the block
+            a, b = min(a, cum[-1] - 1), cum[-1]
+        ranges = []
+        if a < spare:                                    # spare columns come first: needed + [a, b)
+            ranges.append((needed + a, needed + min(b, spare)))
+        if b > spare:                                    # then the needed ones, left to right
+            ranges.append((max(a, spare) - spare, b - spare))
+        eos = None
+        if eos_at is not None and 0 <= eos_at - offset < width:
+            col = eos_at - offset
+            eos = col if any(lo <= col < hi for lo, hi in ranges) else None
+        return ranges, eos
+
+
+def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:
+    """A fixed-steps policy decides the counts itself (LLaDA's linear schedule over the block)."""
+    if policy.steps is None:
+        return None
+    return transfer_counts(width, max(1, min(policy.steps, width)))
+
+
+class ParametricBehaviour(Behaviour):
+    """Draws are per request, in block order (a request's blocks run one after another), so a
+    request denoises the same way under every configuration compared (common random numbers)."""
+
+    def __init__(self, model: str = "llada-8b", seed: int = 0, table=None):
+        super().__init__()
+        self.table = table or POSITIONS_PER_FORWARD[model]
+        self.seed = seed
+        self._rng: dict[int, np.random.Generator] = {}
+
+    def forget(self, request_id: str, num_blocks: int) -> None:
+        seq = self.requests.get(request_id, (None,))[0]
+        super().forget(request_id, num_blocks)
+        self._rng.pop(seq, None)
+
+    def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
+        fixed = _fixed(policy, width)
+        if fixed is not None:
+            return fixed
+        extra = positions_per_forward(self.table, policy.threshold) - 1.0
+        rng = self._rng.get(seq)
+        if rng is None:
+            rng = self._rng[seq] = np.random.default_rng((self.seed, seq))
+        draws = 1 + rng.poisson(extra, size=needed) if extra > 0 else np.ones(needed, dtype=int)
+        counts, left = [], needed
+        for d in draws.tolist():
+            c = min(d, left)
+            counts.append(c)
+            left -= c
+            if not left:
+                break
+        return counts
+
+
+def load_trace_rows(path: str | Path) -> list[dict]:
+    """The "end" rows of one trace file or of every *.jsonl in a folder (policy/tracing.py)."""
+    p = Path(path)
+    files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+    rows = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if row.get("kind", "end") == "end" and "steps_per_block" in row:
+                    rows.append(row)
+    return rows
+
+
+def rows_from_outputs(outputs, params) -> list[dict]:
+    """Replay rows (the fields of policy/tracing.py's end rows) from a run's GenerationOutputs, in
+    arrival order, with the SamplingParams each was sent with; EOS: a finish by a stop token, whose
+    id ends token_ids."""
+    rows = []
+    for seq, (o, p) in enumerate(zip(outputs, params)):
+        eos_at = len(o.token_ids) - 1 if o.finish_reason == "stop" and not p.ignore_eos else None
+        rows.append({"kind": "end", "arrival_seq": seq, "finish": o.finish_reason, "forwards": o.stats.num_forwards,
+                     "steps_per_block": list(o.stats.steps_per_block),
+                     "thresholds": [b.threshold for b in o.stats.block_policies], "tokens": len(o.token_ids),
+                     "prompt_len": len(o.prompt_token_ids), "max_tokens": p.max_tokens,
+                     "block_length": p.block_length, "ignore_eos": p.ignore_eos, "eos_at": eos_at})
+    return rows
+
+
+def requests_from_rows(rows: list[dict], arrivals_s=None, block_length: int | None = None) -> list[SimRequest]:
+    """The recorded requests as a simulated workload (arrival offsets given, else all at 0)."""
+    rows = sorted(rows, key=lambda r: r["arrival_seq"])
+    at = list(arrivals_s) if arrivals_s is not None else [0.0] * len(rows)
+    return [SimRequest(float(t), int(r["prompt_len"]), int(r["max_tokens"]), r.get("eos_at"),
+                       bool(r.get("ignore_eos", False)), (r.get("thresholds") or [None])[0])
+            for t, r in zip(at, rows)]
+
+
+class ReplayBehaviour(Behaviour):
+    """Exact for the requests recorded (matched by arrival order, `arrival_seq`): their blocks take
+    the forwards they took. Other requests (or blocks past the recorded ones) draw a recorded full
+    block's forwards at the nearest recorded threshold, scaled to the positions the block needs."""
+
+    def __init__(self, rows: list[dict], seed: int = 0):
+        super().__init__()
+        self.by_seq = {int(r["arrival_seq"]): r for r in rows if r.get("arrival_seq") is not None}
+        self.full: dict[float, list[int]] = {}       # threshold -> forwards of recorded full blocks
+        for r in rows:
+            bl = r.get("block_length")
+            for k, (f, tau) in enumerate(zip(r["steps_per_block"], r.get("thresholds") or [])):
+                if bl is None or (k + 1) * bl <= r.get("tokens", 0):
+                    self.full.setdefault(round(float(tau), 4), []).append(int(f))
+        self.seed = seed
+
+    def recorded(self, seq: int) -> dict | None:
+        return self.by_seq.get(seq)
+
+    def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
+        row = self.by_seq.get(seq)
+        if row is not None and block < len(row["steps_per_block"]):
+            forwards = int(row["steps_per_block"][block])
+        else:
+            fixed = _fixed(policy, width)
+            if fixed is not None:
+                return fixed
+            forwards = self._sample(seq, block, needed, width, policy.threshold)
+        forwards = max(1, min(forwards, width))
+        return transfer_counts(max(needed, forwards), forwards)   # spare commits where it took more forwards
+
+    def _sample(self, seq: int, block: int, needed: int, width: int, threshold: float) -> int:
+        if not self.full:
+            return needed                                 # nothing recorded: one position per forward
+        tau = min(self.full, key=lambda x: (abs(x - threshold), x))
+        pool = self.full[tau]
+        f = pool[int(np.random.default_rng((self.seed, seq, block)).integers(len(pool)))]
+        return max(1, math.ceil(f * needed / width))      # a partial block: its share of a full one

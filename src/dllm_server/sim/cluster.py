@@ -1,0 +1,266 @@
+"""The cluster simulator: the real front-side Scheduler and one real WorkerCore per worker, on a
+virtual clock. Only the model forward (sim/stepper.py: a behaviour model decides what commits, a
+cost model how long it takes) and the transport (sim/transport.py) are replaced; routing, leases,
+handoffs, admission, seating, retiring, early stop and hybrid overflow are the engine's own code.
+
+Discrete events: arrivals; messages front -> worker and worker -> front, each after the cost
+model's one-way latency; worker turns (worker/turn.py, the same function the worker process runs),
+each lasting the cost model's turn time, its messages leaving when it ends; KV completions waking
+both ends. At one instant, deliveries come before turns (a message that has arrived is in the
+inbox the turn drains). The front's own processing takes no simulated time (it has its own core).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import statistics
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from ..config import ServerConfig
+from ..decoding.params import SamplingParams, request_seed
+from ..engine.placement import worker_roles
+from ..engine.request_state import RequestState
+from ..engine.requests import STREAM_NONE, Entry
+from ..engine.scheduler import Scheduler
+from ..messages import ModelInfo, WorkerReady
+from ..policy.base import FixedPolicy
+from ..policy.load_model import WorkerLoadModel
+from ..worker.core import WorkerCore
+from ..worker.handoff import WorkerHandoffs
+from ..worker.kv_pool import KVPool
+from ..worker.turn import take_turn
+from .behaviour import SimRequest
+from .stepper import SimStepper
+from .transport import Fabric, SimTransport
+
+ARRIVE, TO_WORKER, TO_FRONT, TURN, WAKE = range(5)
+_LATER = (0, 0, 0, 1, 1)       # per kind: deliveries and arrivals before turns at the same instant
+
+
+@dataclass(slots=True)
+class RequestResult:
+    seq: int
+    arrival_s: float
+    prompt_len: int
+    max_tokens: int
+    finish_reason: str                # "stop" | "length" | "error" | "rejected" (the waiting queue was full)
+    latency_s: float | None = None
+    first_token_s: float | None = None
+    tokens: int = 0
+    forwards: int = 0
+
+
+@dataclass
+class SimResult:
+    requests: list[RequestResult]
+    iterations: dict[int, list[tuple]]     # recorded per worker: (start_s, turn_s, prefills, prefill_tokens,
+                                           # decode_tokens, decodes, deficit_tokens)
+    makespan_s: float
+    wall_s: float
+    num_events: int
+    counters: object
+    unfinished: int
+
+    def latencies(self) -> list[float]:
+        return [r.latency_s for r in self.requests if r.latency_s is not None and r.finish_reason in ("stop", "length")]
+
+    def summary(self) -> dict:
+        lat = self.latencies()
+        done = [r for r in self.requests if r.finish_reason in ("stop", "length")]
+        q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0] if lat else float("nan")] * 99
+        span = self.makespan_s or float("nan")
+        return {"requests": len(self.requests), "completed": len(done), "unfinished": self.unfinished,
+                "rejected": sum(r.finish_reason == "rejected" for r in self.requests),
+                "errors": sum(r.finish_reason == "error" for r in self.requests),
+                "mean_s": statistics.mean(lat) if lat else float("nan"), "p50_s": statistics.median(lat) if lat
+                else float("nan"), "p90_s": q[89], "p99_s": q[98], "req_s": len(done) / span,
+                "tok_s": sum(r.tokens for r in done) / span, "makespan_s": self.makespan_s,
+                "wall_s": self.wall_s, "events": self.num_events}
+
+
+class _Sink:
+    """Entry.events for a simulated request: the final output is its only event (STREAM_NONE)."""
+    __slots__ = ("sim", "seq")
+
+    def __init__(self, sim: "Simulator", seq: int):
+        self.sim, self.seq = sim, seq
+
+    def put_nowait(self, event) -> None:
+        if event.output is not None:
+            self.sim._finished(self.seq, event.output)
+
+
+@dataclass(slots=True)
+class _Worker:
+    wid: int
+    core: WorkerCore
+    transport: SimTransport | None
+    inbox: list = field(default_factory=list)
+    num_iterations: int = 0
+    busy_until: float = 0.0
+    turn_pending: bool = False
+    log: list = field(default_factory=list)
+
+
+class _Unread(WorkerLoadModel):
+    """Routing by load under a policy that does not observe never reads the step-time models
+    (engine/scheduler.py reads them only to route by completion): skip their upkeep."""
+
+    def observe(self, worker_id, report) -> None:
+        pass
+
+
+class Simulator:
+    def __init__(self, config: ServerConfig, cost, behaviour, model: ModelInfo, *, logit_shift: int = 0,
+                 policy=None, record: bool = False):
+        self.config, self.cost, self.behaviour, self.model = config, cost, behaviour, model
+        self.record = record
+        self.now = 0.0
+        self._heap: list = []
+        self._order = itertools.count()
+        self.latency_s = cost.message_latency_s
+        self.min_turn_s = max(cost.idle_turn_s, 1e-6)    # every turn moves time on
+        self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
+        load = None
+        if policy is None:
+            policy, load = self._policy(config)
+        if load is None and config.routing != "completion" and not policy.observes:
+            load = _Unread(config.block_length)
+        self.scheduler = Scheduler(config, self.roles, None, self._send, policy, clock=self.clock, load=load)
+        self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
+        wc = config.worker_config()
+        handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
+        self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
+        self.workers: list[_Worker] = []
+        for wid in range(len(self.roles)):
+            stepper = SimStepper(wc.cache, logit_shift, behaviour, cost, model.eos_id, self.fill_id)
+            pool = KVPool(0, wc.num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
+            transport = SimTransport(wid, self.fabric) if handoffs else None
+            core = WorkerCore(wc, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs
+                              else None, emit=partial(self._emit, wid))
+            self.workers.append(_Worker(wid, core, transport))
+        for w in self.workers:
+            self.scheduler.on_messages(w.wid, [WorkerReady(w.wid, wc.num_pages, wc.page_size, model)])
+        self.results: dict[int, RequestResult] = {}
+        self.entries: dict[int, Entry] = {}
+        self.num_events = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def _policy(self, config: ServerConfig):
+        """The decode policy a server with this config runs (policy/__init__.py make_policy), on the
+        virtual clock; the SLO policy shares the scheduler's step-time models, as in AsyncEngine."""
+        if config.threshold_policy != "slo":
+            return FixedPolicy(config.threshold), None
+        from ..policy.predictor import SimpleEstimator, load_predictor
+        from ..policy.slo import SLOPolicy
+        load = WorkerLoadModel(config.block_length)
+        predictor = load_predictor(config.step_predictor, ".") if config.step_predictor else SimpleEstimator()
+        return SLOPolicy(config, predictor, load, clock=self.clock), load
+
+    def _push(self, at: float, kind: int, a, b=None) -> None:
+        heapq.heappush(self._heap, (at, _LATER[kind], next(self._order), kind, a, b))
+
+    # ---- the seams the real parts call ----
+    def _send(self, wid: int, msg) -> None:
+        self._push(self.now + self.latency_s, TO_WORKER, wid, msg)
+
+    def _emit(self, wid: int, msgs: list) -> None:      # a worker's out-of-turn put (KVSent before its data)
+        self._push(self.now + self.latency_s, TO_FRONT, wid, list(msgs))
+
+    def _wake(self, wid: int, at: float) -> None:
+        self._push(at, WAKE, wid)
+
+    # ---- running ----
+    def run(self, requests: list[SimRequest], max_sim_s: float | None = None) -> SimResult:
+        t0 = time.perf_counter()
+        for seq, req in enumerate(requests):
+            self._push(req.arrival_s, ARRIVE, seq, req)
+        heap, pop = self._heap, heapq.heappop
+        on_messages = self.scheduler.on_messages
+        while heap:
+            at, _, _, kind, a, b = pop(heap)
+            if max_sim_s is not None and at > max_sim_s:
+                break
+            self.now = at
+            self.num_events += 1
+            if kind == TO_FRONT:
+                on_messages(a, b)
+            elif kind == TURN:
+                self._turn(self.workers[a])
+            elif kind == TO_WORKER:
+                w = self.workers[a]
+                w.inbox.append(b)
+                self._poke(w)
+            elif kind == WAKE:
+                self._poke(self.workers[a])
+            else:
+                self._arrive(a, b)
+        for seq, entry in self.entries.items():           # never finished (cut short, or stuck)
+            self.results[seq] = RequestResult(seq, entry.arrived_at, entry.state.prompt_len,
+                                              entry.state.params.max_tokens, "unfinished")
+        done = [r.arrival_s + r.latency_s for r in self.results.values() if r.latency_s is not None]
+        return SimResult([self.results[i] for i in sorted(self.results)],
+                         {w.wid: w.log for w in self.workers} if self.record else {},
+                         max(done, default=0.0) - min((r.arrival_s for r in requests), default=0.0),
+                         time.perf_counter() - t0, self.num_events, self.scheduler.counters, len(self.entries))
+
+    def _arrive(self, seq: int, req: SimRequest) -> None:
+        cfg = self.config
+        if self.scheduler.requests.num_waiting >= cfg.max_waiting_requests:   # AsyncEngine.submit's 503
+            self.results[seq] = RequestResult(seq, self.now, req.prompt_len, req.max_tokens, "rejected")
+            return
+        sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold,
+                                  slo_ms=req.slo_ms)
+        params = sampling.resolve(cfg, request_seed(cfg.seed, seq))
+        rid = f"r{seq}"
+        st = RequestState(rid, None, [self.fill_id] * req.prompt_len, sampling, params, self.model.mask_id,
+                          (self.model.eos_id,), seq)
+        self.behaviour.register(rid, seq, req)
+        entry = self.entries[seq] = Entry(st, _Sink(self, seq), STREAM_NONE, self.now)
+        self.scheduler.add(entry)
+
+    def _finished(self, seq: int, output) -> None:
+        entry = self.entries.pop(seq)
+        st = entry.state
+        first = entry.first_token_at - entry.arrived_at if entry.first_token_at is not None else None
+        self.results[seq] = RequestResult(seq, entry.arrived_at, st.prompt_len, st.params.max_tokens,
+                                          output.finish_reason, output.stats.latency_s, first, len(output.token_ids),
+                                          output.stats.num_forwards)
+        self.behaviour.forget(st.request_id, st.num_blocks)
+
+    def _poke(self, w: _Worker) -> None:
+        if not w.turn_pending:
+            w.turn_pending = True
+            self._push(max(self.now, w.busy_until), TURN, w.wid)
+
+    def _turn(self, w: _Worker) -> None:
+        w.turn_pending = False
+        msgs, w.inbox = w.inbox, []
+        core, cost = w.core, self.cost
+        took = [0.0, False]            # the turn's duration, whether it ran an iteration
+
+        def turn_s(stepped: bool) -> float:
+            took[0] = max(cost.turn_s(core.last) if stepped else cost.idle_turn_s, self.min_turn_s)
+            took[1] = stepped
+            return took[0]
+
+        out, w.num_iterations = take_turn(core, msgs, w.wid, w.num_iterations, turn_s)
+        last = core.last
+        if w.transport is not None:
+            w.transport.flush(self.now + last.forward_s)   # streamed groups of this forward: data ready at its end
+        end = w.busy_until = self.now + took[0]
+        if out:
+            self._push(end + self.latency_s, TO_FRONT, w.wid, out)
+        fed = took[1] and last.num_prefills + last.num_decodes
+        if self.record and fed:
+            w.log.append((self.now, took[0], last.num_prefills, last.prefill_tokens, last.decode_tokens,
+                          last.num_decodes, last.deficit_tokens))
+        # A stalled iteration (nothing fed) changes nothing until a message or a transfer arrives.
+        if fed and core.has_work:
+            self._poke(w)

@@ -1,0 +1,256 @@
+"""GPU cost models for LLaDA-8B and Dream-7B on H100 / H200: an iteration's time from the FLOPs it
+does and the bytes it moves against the device's peak rates, each kernel class bound by whichever
+is slower (a roofline per class), plus a per-iteration host term; KV handoffs over a named link.
+Every constant is cited or marked as an assumption (and `describe()` prints them). With a measured
+GPU, `from_gpu_bench` replaces the efficiency estimates by fits to bench/gpu.py's JSON.
+
+Why these terms: a dual-cache block step reads all weights once (memory-bound, nearly flat in the
+batch until the batch's tokens reach peak_flops / bandwidth, about 250 on an H100), then turns
+compute-bound; a full-canvas prefill is compute-bound; attention adds q x keys work and reads the
+KV of every key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ..messages import ModelInfo
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp_hidden: int
+    vocab: int
+    logit_shift: int           # Dream predicts position p from p - 1: a decode feeds one more token
+    max_len: int
+    mask_id: int
+    eos_id: int
+    source: str
+    bytes_per_param: int = 2   # bf16 weights and KV
+
+    @property
+    def linear_params(self) -> int:
+        attn = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return self.layers * (attn + 3 * self.hidden * self.mlp_hidden)
+
+    @property
+    def head_params(self) -> int:
+        return self.hidden * self.vocab
+
+    @property
+    def weight_bytes(self) -> int:
+        return (self.linear_params + 2 * self.head_params) * self.bytes_per_param   # embedding + LM head
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(self.name, self.vocab, self.vocab, self.mask_id, self.eos_id, self.max_len, self.hidden,
+                         self.layers, self.heads, self.kv_heads, self.head_dim, self.mlp_hidden)
+
+
+MODELS = {
+    "llada-8b": ModelShape("llada-8b", 4096, 32, 32, 32, 128, 12288, 126464, 0, 4096, 126336, 126081,
+                           "LLaDA-8B config.json (dllm_algorithms.md 1.2)"),
+    "dream-7b": ModelShape("dream-7b", 3584, 28, 28, 4, 128, 18944, 152064, 1, 131072, 151666, 151643,
+                           "Dream-v0-7B config (dllm_algorithms.md 2.1)"),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: float          # dense bf16, FLOP/s
+    mem_bytes_per_s: float
+    memory_bytes: float
+    source: str
+
+
+DEVICES = {
+    "h100": Device("H100 SXM5 80 GB", 989e12, 3.35e12, 80e9,
+                   "NVIDIA H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB"),
+    "h200": Device("H200 SXM 141 GB", 989e12, 4.8e12, 141e9,
+                   "NVIDIA H200 datasheet: 989 TFLOP/s dense bf16 (the H100's compute), 4.8 TB/s HBM3e, 141 GB"),
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bytes_per_s: float         # one direction, after an efficiency factor
+    latency_s: float
+    source: str
+
+
+LINKS = {
+    "nvlink": Link("NVLink 4", 450e9 * 0.8, 10e-6, "900 GB/s bidirectional per H100/H200 SXM GPU (datasheet); "
+                   "x 0.8 achieved (assumption); 10 us per transfer (assumption)"),
+    "pcie5": Link("PCIe 5.0 x16", 64e9 * 0.8, 10e-6, "64 GB/s per direction (spec); x 0.8 (assumption)"),
+    **{f"net-{g}g": Link(f"{g} Gb/s network", g * 1e9 / 8 * 0.9, 20e-6,
+                         f"{g} Gb/s line rate x 0.9 achieved (assumption); 20 us per transfer (assumption)")
+       for g in (25, 100, 200, 400)},
+}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The share of peak each kernel class reaches and the host's per-iteration work. All are
+    assumptions unless replaced by a measurement (from_gpu_bench)."""
+    gemm: float = 0.7              # large bf16 GEMMs: 60-80 % of peak on H100 is typical (assumption)
+    attention: float = 0.5         # FlashAttention-2 reports 50-73 % of A100 peak (assumption for H100/H200)
+    memory: float = 0.8            # streaming kernels' share of HBM bandwidth (assumption)
+    eager_launch_s: float = 2e-3   # launch floor of an eager forward (iterations with a prefill): ~400
+                                   # kernels x 5 us (assumption)
+    graph_launch_s: float = 1e-4   # decode-only iterations replay a CUDA graph (assumption)
+    host_base_s: float = 1e-3      # per turn: admission, packing, one device-to-host copy, messages (assumption)
+    host_per_row_s: float = 6e-5   # per batch row: the commit bookkeeping of worker/core.py (assumption:
+                                   # the per-row host cost measured on this CPU, see docs/simulation.md)
+    source: str = "assumptions (docs/simulation.md)"
+
+
+SAMPLING_BYTES_PER_LOGIT = 4 + 2 * 8   # fp32 logits written, a float64 confidence written and read
+                                       # (docs/gpu.md, "Sampling")
+KV_POOL_SHARE = 0.7   # of the memory left after the weights; Sangam's 44 GiB LLaDA pool on an 80 GB H100
+                      # (sangam.md 2.5) is 0.69 of it (the rest: activations, logits, graphs)
+
+
+@dataclass
+class RooflineCost:
+    model: ModelShape
+    device: Device
+    link: Link
+    block_length: int
+    eff: Efficiency = Efficiency()
+    message_latency_s: float = 2e-4   # front <-> worker over a local queue (assumption; measured on the CPU
+                                      # calibration for the CPU model)
+    idle_turn_s: float = 1e-4         # a turn that only handled messages (assumption)
+    name: str = "gpu-roofline"
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.layers
+
+    def kv_pool_tokens(self) -> int:
+        return int((self.device.memory_bytes - self.model.weight_bytes) * KV_POOL_SHARE / self.model.kv_bytes_per_token)
+
+    def forward_s(self, it) -> float:
+        rows = it.num_prefills + it.num_decodes
+        if rows == 0:
+            return 0.0
+        m, d, e = self.model, self.device, self.eff
+        gemm, attn_rate, bw = d.peak_flops * e.gemm, d.peak_flops * e.attention, d.mem_bytes_per_s * e.memory
+        tokens = it.prefill_tokens + it.decode_tokens
+        logit_rows = rows * self.block_length      # our engine computes logits at block positions only
+        linear = max(2 * m.linear_params * tokens / gemm, m.linear_params * m.bytes_per_param / bw)
+        head = max(2 * m.head_params * logit_rows / gemm,
+                   (m.head_params * m.bytes_per_param + logit_rows * m.vocab * 4) / bw)
+        q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0
+        attn_flops = 4 * m.layers * m.heads * m.head_dim * (it.prefill_sq + q_per_decode * it.decode_keys)
+        attn_bytes = m.kv_bytes_per_token * (it.decode_keys + 2 * it.prefill_tokens)
+        attention = max(attn_flops / attn_rate, attn_bytes / bw)
+        sampling = logit_rows * m.vocab * SAMPLING_BYTES_PER_LOGIT / bw
+        launch = e.eager_launch_s if it.num_prefills else e.graph_launch_s
+        return max(linear + head + attention + sampling, launch)
+
+    def turn_s(self, it) -> float:
+        return self.forward_s(it) + self.eff.host_base_s + self.eff.host_per_row_s * (it.num_prefills + it.num_decodes)
+
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens * self.model.kv_bytes_per_token
+
+    def kv_transfer_s(self, num_bytes: int) -> float:
+        return self.link.latency_s + num_bytes / self.link.bytes_per_s
+
+    def describe(self) -> dict:
+        return {"cost_model": self.name, "model": asdict(self.model), "device": asdict(self.device),
+                "link": asdict(self.link), "efficiency": asdict(self.eff),
+                "message_latency_ms": 1e3 * self.message_latency_s, "kv_pool_tokens": self.kv_pool_tokens(),
+                "kv_pool_share": KV_POOL_SHARE, "sampling_bytes_per_logit": SAMPLING_BYTES_PER_LOGIT}
+
+
+def gpu_cost(model: str, device: str, link: str = "nvlink", block_length: int = 32,
+             eff: Efficiency | None = None) -> RooflineCost:
+    return RooflineCost(MODELS[model], DEVICES[device], LINKS[link], block_length, eff or Efficiency())
+
+
+@dataclass
+class _It:   # the IterationStats fields a forward needs (worker/core.py)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    decode_keys: int = 0
+    prefill_sq: int = 0
+    num_prefills: int = 0
+    num_decodes: int = 0
+
+
+def _shape_of(cfg: dict) -> ModelShape:
+    heads = cfg["n_heads"]
+    return ModelShape("measured", cfg["d_model"], cfg["n_layers"], heads, cfg.get("n_kv_heads", heads),
+                      cfg["d_model"] // heads, cfg["mlp_hidden_size"], cfg["vocab_size"], 0,
+                      cfg.get("max_sequence_length", 4096), cfg.get("mask_token_id", 0), cfg.get("eos_token_id", 1),
+                      "bench/gpu.py meta.config")
+
+
+def _best(grid, err):
+    return min(grid, key=err)
+
+
+def from_gpu_bench(path: str | Path, model: str, link: str = "nvlink", block_length: int = 32) -> RooflineCost:
+    """A cost model whose efficiencies are fitted to a bench/gpu.py run (docs/gpu.md): the GEMM
+    share from the measured dense rate, the memory share from the decode sweep (graph path),
+    attention from the prefill sweep, the eager launch floor from the eager decode steps, the host
+    term from the serving phase's share of loop time in the forward. The device's name and memory
+    come from the run; the model served is `model` (its shape may differ from the benchmarked one)."""
+    data = json.loads(Path(path).read_text())
+    meta = data["meta"]
+    bench = _shape_of(meta["config"])
+    mem = (meta.get("gpu_memory_gib") or 80) * 2**30
+    base = DEVICES["h200"] if mem > 100e9 else DEVICES["h100"]
+    device = replace(base, name=meta.get("gpu") or base.name, memory_bytes=mem,
+                     source=f"{base.source}; measured: {path}")
+    cost = RooflineCost(bench, device, LINKS[link], data.get("decode", {}).get("q_tokens", block_length))
+    eff = cost.eff
+    peak = (data.get("gemm") or {}).get("peak_tflops")
+    if peak:
+        eff = replace(eff, gemm=min(1.0, peak * 1e12 / device.peak_flops))
+    grid = [i / 100 for i in range(5, 101)]
+    dec = data.get("decode") or {}
+    rows = [r for r in dec.get("rows", []) if r.get("graph_step_ms")]
+    L, q = dec.get("canvas"), dec.get("q_tokens")
+
+    def decode_it(r):
+        return _It(decode_tokens=r["fed_tokens"], decode_keys=r["batch"] * L, num_decodes=r["batch"])
+
+    def rel_err(c, pairs):
+        return sum((c.forward_s(it) * 1e3 - ms) ** 2 / ms ** 2 for it, ms in pairs)
+
+    if rows and L and q:
+        pairs = [(decode_it(r), r["graph_step_ms"]) for r in rows]
+        eff = replace(eff, memory=_best(grid, lambda g: rel_err(replace(cost, eff=replace(eff, memory=g, graph_launch_s=0)),
+                                                                   pairs)), graph_launch_s=0.0)
+        small = [r for r in dec["rows"] if r["batch"] <= 4]
+        c0 = replace(cost, eff=replace(eff, eager_launch_s=0.0))
+        if small:
+            resid = sorted(r["step_ms"] / 1e3 - c0.forward_s(decode_it(r)) for r in small)
+            eff = replace(eff, eager_launch_s=max(0.0, resid[len(resid) // 2]))
+    pre = [r for r in (data.get("prefill") or {}).get("rows", []) if r.get("model_ms")]
+    if pre:
+        pairs = [(_It(prefill_tokens=r["length"], prefill_sq=r["length"] ** 2, num_prefills=1), r["model_ms"])
+                 for r in pre]
+        eff = replace(eff, attention=_best(grid, lambda g: rel_err(replace(cost, eff=replace(eff, attention=g,
+                                                                                      eager_launch_s=0)), pairs)))
+    serving = ((data.get("serving") or {}).get("runs") or {})
+    runs = [v for v in serving.values() if isinstance(v, dict) and v.get("iterations") and v.get("forward_share")]
+    if runs:
+        r = max(runs, key=lambda v: v["iterations"])
+        eff = replace(eff, host_base_s=r["wall_s"] * (1 - r["forward_share"]) / r["iterations"], host_per_row_s=0.0)
+    eff = replace(eff, source=f"fitted to {path}")
+    return RooflineCost(MODELS[model], device, LINKS[link], block_length, eff, name="gpu-measured")

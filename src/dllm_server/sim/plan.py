@@ -1,0 +1,218 @@
+"""The capacity planner behind `dllm-server plan`: for a workload, a device profile, a worker count
+and an SLO, simulate candidate configurations (placements, prefill:decode splits, token budgets)
+and rank them by capacity at the SLO: the highest Poisson rate whose simulated latency meets it
+(loadgen.capacity's search: double, then bisect). Every number is simulated: the cost model's
+assumptions travel with the result (`describe`)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadgen.capacity import find_capacity_sync
+
+from ..config import ServerConfig
+from .behaviour import ParametricBehaviour, ReplayBehaviour, load_trace_rows
+from .cluster import Simulator
+from .workload import preset_workload, rescale, trace_workload
+
+SLO_METRICS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    changes: dict
+
+
+def make_behaviour(spec: tuple):
+    """("parametric", model, seed) or ("replay", rows, seed): a fresh behaviour model per run (specs
+    pickle, so candidates can be simulated in parallel processes)."""
+    kind, arg, seed = spec
+    return ParametricBehaviour(arg, seed) if kind == "parametric" else ReplayBehaviour(arg, seed)
+
+
+@dataclass
+class Setup:
+    """What every candidate shares: the model's profile, cost and behaviour models, the workload."""
+    model_info: object
+    logit_shift: int
+    cost: object
+    behaviour: tuple                   # make_behaviour's spec
+    requests: list                     # the workload at some rate; rescaled per probe
+    base: ServerConfig
+    slo_metric: str = "p99"
+    slo_s: float = 10.0
+    notes: dict = field(default_factory=dict)
+
+
+def candidates(num_workers: int, taus=(256, 1024, 4096, None), theta: int = 8192, splits: bool = True,
+               tau_split: int | None = 1024) -> list[Candidate]:
+    """Colocated at each tau; every P:D split of the workers, disaggregated and hybrid."""
+    out = [Candidate(f"colocated x{num_workers}, tau={'inf' if t is None else t}",
+                     dict(placement="colocated", num_workers=num_workers, token_budget=t)) for t in taus]
+    if splits:
+        for p in range(1, num_workers):
+            d = num_workers - p
+            out.append(Candidate(f"{p}P{d}D (disaggregated)", dict(placement="disaggregated", num_workers=d,
+                                                                  num_prefill_workers=p, token_budget=tau_split)))
+            out.append(Candidate(f"{p}P{d}C (hybrid, theta={theta})",
+                                 dict(placement="hybrid", num_workers=d, num_prefill_workers=p,
+                                      overflow_threshold_tokens=theta, token_budget=tau_split)))
+    return out
+
+
+def simulate(setup: Setup, changes: dict, rate: float) -> dict:
+    cfg = setup.base.replace(**changes)
+    sim = Simulator(cfg, setup.cost, make_behaviour(setup.behaviour), setup.model_info, logit_shift=setup.logit_shift)
+    return sim.run(rescale(setup.requests, rate)).summary()
+
+
+def meets(setup: Setup, s: dict) -> bool:
+    return (s["completed"] == s["requests"] and s[f"{setup.slo_metric}_s"] <= setup.slo_s)
+
+
+def capacity(setup: Setup, changes: dict, start_rate: float = 1.0, tolerance: float = 0.05) -> dict:
+    """The capacity search for one candidate; the result at the capacity (None when even the lowest
+    rate probed misses the SLO)."""
+    def measure(rate):
+        return simulate(setup, changes, rate)
+    found = find_capacity_sync(measure, lambda s: meets(setup, s), start_rate=start_rate, tolerance=tolerance,
+                               max_rate=start_rate * 2 ** 12, max_steps=24)
+    at = next((h["result"] for h in found["history"] if h["rate"] == found["capacity"]), None)
+    return {"capacity_req_s": found["capacity"] or 0.0, "upper_req_s": found["upper"], "at_capacity": at,
+            "probes": len(found["history"])}
+
+
+def _capacity_job(setup: Setup, changes: dict, start_rate: float, tolerance: float) -> dict:
+    return capacity(setup, changes, start_rate, tolerance)
+
+
+def plan(setup: Setup, cands: list[Candidate], start_rate: float = 1.0, tolerance: float = 0.05,
+         progress: bool = True, jobs: int = 1) -> list[dict]:
+    """Every candidate's capacity, best first; `jobs` > 1 simulates candidates in that many processes."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(cands), desc="candidates", unit="config", leave=False)
+    results: dict[str, dict] = {}
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            futs = {ex.submit(_capacity_job, setup, c.changes, start_rate, tolerance): c for c in cands}
+            for f in as_completed(futs):
+                results[futs[f].name] = f.result()
+                if bar is not None:
+                    bar.update(1)
+    else:
+        for c in cands:
+            results[c.name] = capacity(setup, c.changes, start_rate, tolerance)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{c.name}: {results[c.name]['capacity_req_s']:.2f} req/s")
+    if bar is not None:
+        bar.close()
+    rows = [{"candidate": c.name, "config": c.changes, **results[c.name]} for c in cands]
+    rows.sort(key=lambda r: -r["capacity_req_s"])
+    return rows
+
+
+def table(rows: list[dict], setup: Setup) -> str:
+    head = (f"| rank | candidate | capacity at SLO (req/s) | mean (s) | p99 (s) | output tok/s |\n"
+            f"|---|---|---|---|---|---|")
+    lines = [head]
+    for i, r in enumerate(rows, 1):
+        a = r["at_capacity"] or {}
+        fmt = (lambda k: f"{a[k]:.2f}" if k in a else "-")
+        lines.append(f"| {i} | {r['candidate']} | {r['capacity_req_s']:.2f} | {fmt('mean_s')} | {fmt('p99_s')} | "
+                     f"{a.get('tok_s', 0):.0f} |")
+    best = rows[0] if rows else None
+    if best and best["capacity_req_s"] > 0:
+        lines.append(f"\nrecommendation (simulated): **{best['candidate']}**, {best['capacity_req_s']:.2f} req/s with "
+                     f"{setup.slo_metric} end-to-end latency <= {setup.slo_s:g} s")
+    else:
+        lines.append("\nno candidate meets the SLO at the lowest rate probed")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
+    names = [r["candidate"] for r in rows][::-1]
+    ax.barh(names, [r["capacity_req_s"] for r in rows][::-1], color="#4c72b0")
+    ax.set_xlabel("capacity at the SLO (req/s, simulated)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def build_setup(model: str, device: str, workload: str | None, trace: str | None, num_requests: int,
+                slo_metric: str, slo_s: float, *, link: str = "nvlink", block_length: int = 32,
+                threshold: float = 0.9, max_tokens: int | None = None, gpu_bench: str | None = None,
+                calibration: str | None = None, replay: str | None = None, seed: int = 0,
+                num_workers: int = 1) -> Setup:
+    """Profiles by name: device "h100" | "h200" with model "llada-8b" | "dream-7b" (roofline, or
+    fitted to a bench/gpu.py JSON with `gpu_bench`), or device "cpu" with a calibration file (the
+    model is then the one calibrated)."""
+    from .gpu_cost import MODELS, from_gpu_bench, gpu_cost
+    if slo_metric not in SLO_METRICS:
+        raise ValueError(f"slo_metric: one of {SLO_METRICS}, got {slo_metric!r}")
+    base = ServerConfig(block_length=block_length, threshold=threshold, max_waiting_requests=1 << 20)
+    if device == "cpu":
+        if calibration is None:
+            raise ValueError("calibration: device cpu needs the file written by `dllm-server calibrate`")
+        from .cost import load_cpu_cost
+        from ..checkpoint import model_path, read_config
+        cost = load_cpu_cost(calibration, num_workers)
+        cfg = read_config(model_path(None))
+        from ..messages import ModelInfo
+        info = ModelInfo("llada", cfg["vocab_size"], cfg["embedding_size"], cfg["mask_token_id"],
+                         cfg["eos_token_id"], cfg["max_sequence_length"], cfg["d_model"], cfg["n_layers"],
+                         cfg["n_heads"], cfg["n_kv_heads"], cfg["d_model"] // cfg["n_heads"], cfg["mlp_hidden_size"])
+        shift, max_len = 0, cfg["max_sequence_length"]
+        base = base.replace(kv_cache_tokens=32768)
+    else:
+        shape = MODELS[model]
+        cost = (from_gpu_bench(gpu_bench, model, link, block_length) if gpu_bench
+                else gpu_cost(model, device, link, block_length))
+        info, shift, max_len = shape.model_info(), shape.logit_shift, shape.max_len
+        base = base.replace(num_pages=cost.kv_pool_tokens() // base.page_size)
+    if trace is not None:
+        requests = trace_workload(trace, None, max_tokens, threshold)[:num_requests]
+    else:
+        requests = preset_workload(workload or "sharegpt", num_requests, 1.0, seed, max_tokens=max_tokens,
+                                   max_len=min(max_len, 8192))
+    spec = ("replay", load_trace_rows(replay), seed) if replay is not None else ("parametric", model, seed)
+    return Setup(info, shift, cost, spec, requests, base, slo_metric, slo_s,
+                 {"cost": cost.describe(), "workload": trace or workload, "requests": num_requests,
+                  "max_tokens": max_tokens, "threshold": threshold, "block_length": block_length})
+
+
+def run_plan(args) -> int:
+    setup = build_setup(args.model, args.device, args.workload, args.trace, args.requests, args.slo_metric,
+                        args.slo_s, link=args.link, block_length=args.block_length, threshold=args.threshold,
+                        max_tokens=args.max_tokens, gpu_bench=args.gpu_bench, calibration=args.calibration,
+                        replay=args.replay, seed=args.seed, num_workers=args.workers)
+    taus = tuple(None if t in ("inf", "none") else int(t) for t in args.taus.split(","))
+    cands = candidates(args.workers, taus, args.theta, splits=args.workers > 1)
+    rows = plan(setup, cands, args.start_rate, args.tolerance, progress=not args.json and not args.no_progress,
+                jobs=args.jobs)
+    if args.plot:
+        plot(rows, args.plot, f"simulated: {args.model} on {args.workers} x {args.device}, "
+                              f"{args.trace or args.workload}, {args.slo_metric} <= {args.slo_s:g} s")
+    if args.json:
+        print(json.dumps({"simulated": True, "slo": {"metric": args.slo_metric, "seconds": args.slo_s},
+                          "workers": args.workers, "ranking": rows, "assumptions": setup.notes},
+                         indent=1, default=str))
+    else:
+        print(f"# simulated plan: {args.model} on {args.workers} x {args.device} ({setup.cost.name}), workload "
+              f"{args.trace or args.workload} ({args.requests} requests per probe), SLO {args.slo_metric} e2e <= "
+              f"{args.slo_s:g} s\n")
+        print(table(rows, setup))
+        print(f"\ncost model: {json.dumps(dataclasses.asdict(setup.cost.eff) if hasattr(setup.cost, 'eff') else setup.cost.describe(), default=str)}")
+    return 0

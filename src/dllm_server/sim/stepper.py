@@ -1,0 +1,43 @@
+"""The simulated worker's Stepper (worker/model_step.py's seam): no model. Which positions of each
+row commit comes from a behaviour model (sim/behaviour.py), how long the forward takes from a cost
+model (sim/cost.py); the real WorkerCore applies the result, so block ends, early stops, seats and
+admissions are the core's own decisions."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..worker.core import iteration_load
+from ..worker.model_step import StepResult
+from ..worker.runner import fed_range
+
+
+class SimStepper:
+    def __init__(self, cache: str, logit_shift: int, behaviour, cost, eos_id: int, fill_id: int):
+        self.cache = cache
+        self.logit_shift = logit_shift
+        self.behaviour = behaviour
+        self.cost = cost
+        self.eos_id = eos_id
+        self.fill_id = fill_id            # what a committed non-EOS position holds (any non-stop id)
+
+    def fed_tokens(self, t, is_prefill: bool) -> int:
+        a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.logit_shift)
+        return b - a
+
+    def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
+        batch = prefills + decodes
+        width = max(t.end - t.start for t in batch)
+        commit = np.zeros((len(batch), width), dtype=bool)          # numpy: per-row writes cost less
+        tokens = np.full((len(batch), width), self.fill_id, dtype=np.int64)
+        commit_range = self.behaviour.commit_range
+        for i, t in enumerate(batch):
+            ranges, eos = commit_range(t)
+            for lo, hi in ranges:
+                commit[i, lo:hi] = True
+            if eos is not None:
+                tokens[i, eos] = self.eos_id
+        load = iteration_load(prefills, decodes, sum(self.fed_tokens(t, False) for t in decodes))
+        return StepResult(torch.from_numpy(commit), torch.from_numpy(tokens), self.cost.forward_s(load))
