@@ -36,7 +36,7 @@ def test_simulator_admits_what_the_real_engine_admits(tiny_model):
     llm = LLM(tiny_model, dtype="float32", **SCHED)
     llm.core.stepper = Recording(llm.core.stepper, llm.core)
     n = 16
-    params = [SamplingParams(max_tokens=(24, 40, 64, 50)[i % 4], temperature=1.0, seed=i,
+    params = [SamplingParams(max_tokens=(24, 40, 64, 50)[i % 4], temperature=1.0, seed=i + 7,   # seeds where both tiny models sample EOS
                              **({"threshold": 0.0}, {"steps": 3 * (-(-(24, 40, 64, 50)[i % 4] // 8))},
                                 {"threshold": 0.9})[i % 3]) for i in range(n)]
     prompts = [{"prompt_token_ids": [(7 * i + j) % 200 + 1 for j in range(8 + 13 * (i % 5))]} for i in range(n)]

@@ -32,6 +32,7 @@ from ..policy.load_model import WorkerLoadModel
 from ..worker.core import WorkerCore
 from ..worker.handoff import WorkerHandoffs
 from ..worker.kv_pool import KVPool
+from ..worker.runner import window_lead
 from ..worker.turn import take_turn
 from .behaviour import SimRequest
 from .stepper import SimStepper
@@ -137,7 +138,8 @@ class Simulator:
         self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
         self.workers: list[_Worker] = []
         for wid in range(len(self.roles)):
-            stepper = SimStepper(wc.cache, logit_shift, behaviour, cost, model.eos_id, self.fill_id)
+            lead = window_lead(logit_shift, config.dream_decoding)
+            stepper = SimStepper(wc.cache, lead, behaviour, cost, model.eos_id, self.fill_id)
             pool = KVPool(0, wc.num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
             transport = SimTransport(wid, self.fabric) if handoffs else None
             core = WorkerCore(wc, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs

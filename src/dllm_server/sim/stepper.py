@@ -15,16 +15,16 @@ from ..worker.runner import fed_range
 
 
 class SimStepper:
-    def __init__(self, cache: str, logit_shift: int, behaviour, cost, eos_id: int, fill_id: int):
+    def __init__(self, cache: str, lead: int, behaviour, cost, eos_id: int, fill_id: int):
         self.cache = cache
-        self.logit_shift = logit_shift
+        self.lead = lead                  # positions fed before a block (runner.window_lead, as the real stepper)
         self.behaviour = behaviour
         self.cost = cost
         self.eos_id = eos_id
         self.fill_id = fill_id            # what a committed non-EOS position holds (any non-stop id)
 
     def fed_tokens(self, t, is_prefill: bool) -> int:
-        a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.logit_shift)
+        a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
