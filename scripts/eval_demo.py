@@ -80,7 +80,7 @@ class EnglishWords:
 def evaluate(model: str | None, prompts: list[str], threads: int = 1) -> dict:
     from dllm_server import LLM
     from dllm_server.api.protocol import ChatCompletionRequest
-    from dllm_server.model.embedded import model_path
+    from dllm_server.checkpoint import model_path
     from dllm_server.model.loader import load_model
     from tokenizers import Tokenizer
 
@@ -102,7 +102,7 @@ def evaluate(model: str | None, prompts: list[str], threads: int = 1) -> dict:
         "model": str(path),
         "defaults": {"max_tokens": p0.max_tokens, "temperature": p0.temperature,
                      "block_length": llm.config.block_length, "threshold": llm.config.threshold,
-                     "cache": llm.config.cache, "dtype": str(llm.dtype).removeprefix("torch.")},
+                     "cache": llm.config.cache, "dtype": str(next(llm.runner.model.parameters()).dtype).removeprefix("torch.")},
         "median_answer_words": statistics.median(len(ws) for ws in words),
         "distinct_answers": len(set(answers)),
         "num_prompts": len(prompts),
