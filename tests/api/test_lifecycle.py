@@ -9,6 +9,8 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from reliability.tools import children
+
 from .conftest import start_server
 
 
@@ -27,20 +29,6 @@ def wait_for(cond, timeout=20.0):
             return True
         time.sleep(0.05)
     return False
-
-
-def children(pid: int) -> set[int]:
-    """Direct children of `pid`, from /proc (field 4 of /proc/N/stat is the parent)."""
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.add(int(entry))
-    return kids
 
 
 # One token per forward, one block: the KV pages stay allocated for the whole request.
