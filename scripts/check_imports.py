@@ -2,6 +2,7 @@
 
 - no import cycle among the package's modules (module-level imports, `TYPE_CHECKING` ones
   included: a type-only circle is still a circle in the design);
+- no two modules importing each other, even through imports inside functions;
 - the front process's layers (engine/, api/) import nothing from worker/ or model/ except
   through the one seam, engine/worker_pool.py (it spawns the worker processes);
 - api/ reads the engine only through AsyncEngine's public surface: no `.scheduler` attribute;
@@ -34,13 +35,15 @@ def _resolve(mod: str, is_pkg: bool, level: int, target: str | None) -> str:
     return ".".join(base + ([target] if target else []))
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """Package modules `path` imports at module level (not inside functions)."""
+def imports(path: Path, modules: set[str], anywhere: bool = False) -> set[str]:
+    """Package modules `path` imports at module level (not inside functions), or `anywhere`."""
     mod, is_pkg = module_name(path), path.name == "__init__.py"
     out: set[str] = set()
 
     def visit(body):
         for node in body:
+            if anywhere and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With)):
+                visit(node.body)
             if isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
@@ -81,6 +84,16 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def mutual_imports() -> list[str]:
+    """Two modules that import each other, counting imports inside functions: a lazy import only
+    hides the circle from Python, not from the design."""
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    g = {module_name(f): imports(f, modules, anywhere=True) for f in files}
+    return [f"{a} <-> {b} (imports inside functions counted)" for a in sorted(g) for b in sorted(g[a])
+            if a < b and a in g.get(b, ())]
+
+
 def seam_violations(g: dict[str, set[str]]) -> list[str]:
     return [f"{m} imports {n}" for m, deps in sorted(g.items()) if m.startswith(FRONT) and m not in SEAMS
             for n in sorted(deps) if n.startswith(BACK)]
@@ -110,7 +123,8 @@ def size_violations() -> list[str]:
 
 def main() -> int:
     g = graph()
-    problems = [" -> ".join(c) for c in cycles(g)] + seam_violations(g) + engine_surface_violations() + size_violations()
+    problems = ([" -> ".join(c) for c in cycles(g)] + mutual_imports() + seam_violations(g)
+                + engine_surface_violations() + size_violations())
     print(f"{len(g)} modules, {sum(map(len, g.values()))} import edges: "
           f"{'OK' if not problems else str(len(problems)) + ' problem(s)'}")
     for p in problems:

@@ -10,6 +10,8 @@ import json
 import logging
 from pathlib import Path
 
+from . import hub
+
 log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
 FALLBACK = Path.home() / ".cache" / "dllm-server" / "tiny-llada"
@@ -28,15 +30,13 @@ def model_path(model: str | None, revision: str | None = None, download_dir: str
     cache, or `download_dir`), else the embedded demo model."""
     if model is None:
         return embedded_model_path()
-    from . import hub
     if hub.is_repo_id(model):
-        return hub.download(model, revision, download_dir)
+        return hub.download(model, architecture_of, revision, download_dir)
     return Path(model).expanduser()
 
 
 def served_name(model: str | None, path: Path) -> str:
     """What /v1/models calls it by default: the model id as given (vLLM's rule), else the folder name."""
-    from . import hub
     return model if model is not None and hub.is_repo_id(model) else Path(path).name
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +25,20 @@ def is_repo_id(model: str) -> bool:
     return bool(REPO_ID.fullmatch(model)) and not Path(model).expanduser().exists()
 
 
-def download(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> Path:
+def download(repo_id: str, check_config: Callable[[dict, str], object], revision: str | None = None,
+             cache_dir: str | None = None) -> Path:
     """The snapshot folder of `repo_id` in the Hugging Face cache, fetched if needed (ValueError
-    naming the field on a gated, missing or non-diffusion repository, or offline and not cached)."""
+    naming the field on a gated, missing or non-diffusion repository, or offline and not cached).
+    `check_config(config, repo_id)` vets config.json before any weights are fetched (it raises
+    ValueError for a model this server does not run)."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
-    from .checkpoint import architecture_of
 
     where = f"{repo_id}" + (f" (revision {revision})" if revision else "")
     try:
         cfg_file = hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache_dir)
-        architecture_of(json.loads(Path(cfg_file).read_text()), repo_id)
+        check_config(json.loads(Path(cfg_file).read_text()), repo_id)
         log.info("fetching %s into the Hugging Face cache (only the files serving needs)", where)
         folder = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=SERVING_FILES)
     except GatedRepoError:

@@ -3,7 +3,8 @@ kernel itself needs a GPU; bench/gpu.py compares it with SDPA there)."""
 import pytest
 import torch
 
-from dllm_server.model.attention import SeqSpan, select_backend
+from dllm_server.model.attention import SeqSpan
+from dllm_server.model.backends import select_backend
 from dllm_server.model.flashinfer_backend import paged_metadata
 from dllm_server.worker.kv_pool import KVPool
 

@@ -7,18 +7,15 @@ the queries attend over the sequence's whole canvas [0, kv_len). That one rule c
 step (range = block + suffix) and the no-cache reference (range = whole canvas every step).
 
 Backends: paged SDPA (CPU and GPU fallback) and the padded decode-only form (CUDA graphs) here;
-FlashInfer in flashinfer_backend.py.
+FlashInfer in flashinfer_backend.py; the choice between them in backends.py.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -151,22 +148,3 @@ def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch
         rows = slice(seq.q_start, seq.q_start + seq.q_len)
         _write(kv.k, seq, k[rows])
         _write(kv.v, seq, v[rows])
-
-
-def select_backend(name: str, device: torch.device, **shape) -> AttentionFn:
-    """`sdpa` (everywhere) or `flashinfer` (CUDA with flashinfer installed; opt-in until it has
-    been validated on a GPU, issue 8). Without CUDA or without the package, flashinfer falls
-    back to SDPA with a warning, so one configuration runs everywhere."""
-    if name == "sdpa":
-        return sdpa_attention
-    if name != "flashinfer":
-        raise ValueError(f"attention_backend: unknown backend {name!r}")
-    if device.type != "cuda":
-        log.warning("attention_backend flashinfer needs a CUDA device; using SDPA on %s", device)
-        return sdpa_attention
-    try:
-        from .flashinfer_backend import FlashInferAttention
-        return FlashInferAttention(device, **shape)
-    except ImportError as exc:
-        log.warning("attention_backend flashinfer: %s; using SDPA (pip install flashinfer-python)", exc)
-        return sdpa_attention

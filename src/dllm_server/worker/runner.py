@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..model.args import ModelArgs
-from ..model.attention import AttentionBatch, SeqSpan, select_backend
+from ..model.attention import AttentionBatch, SeqSpan
+from ..model.backends import select_backend
 from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool, PageAlloc
 
