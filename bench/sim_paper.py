@@ -84,7 +84,7 @@ def exp_a(n: int, out: dict) -> None:
         for label in ("as assumed (1 ms + 60 us/row)", "dispatch-bound (76 % of batch-1 time)"):
             s = setup_for(mix, n, device)
             if label.startswith("dispatch"):
-                from dllm_server.sim.gpu_cost import _It
+                from dllm_server.worker.core import IterationStats as _It
                 fwd = s.cost.forward_s(_It(decode_tokens=32, decode_keys=1100, num_decodes=1))
                 s.cost = dataclasses.replace(s.cost, eff=dataclasses.replace(
                     s.cost.eff, host_base_s=fwd * 0.76 / 0.24, host_per_row_s=0.0,

@@ -9,7 +9,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from reliability.tools import children
+from reliability.tools import children, worker_pids
 
 from .conftest import start_server
 
@@ -154,26 +154,14 @@ def test_sigterm_with_zero_timeout_aborts_in_flight(tiny_llada, tmp_path):
     assert wait_for(lambda: not any(os.path.exists(f"/proc/{k}") for k in kids), 10)
 
 
-def _worker_pids(server_pid: int) -> list[int]:
-    pids = []
-    for pid in children(server_pid):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "spawn_main" in cmd:            # not the multiprocessing resource tracker
-            pids.append(pid)
-    return pids
-
-
 def test_health_is_503_while_a_killed_worker_restarts(tiny_llada, tmp_path):
     s = start_server(tiny_llada, "--block-length", "8", tmp_path=tmp_path)
     try:
-        [worker] = _worker_pids(s.proc.pid)
+        [worker] = worker_pids(s.proc.pid)
         os.kill(worker, signal.SIGKILL)
         assert wait_for(lambda: httpx.get(s.url + "/health", timeout=10).status_code == 503, 10)
         assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
-        assert _worker_pids(s.proc.pid) != [worker]
+        assert worker_pids(s.proc.pid) != [worker]
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 8}, timeout=60)
         assert r.status_code == 200
     finally:
@@ -182,7 +170,7 @@ def test_health_is_503_while_a_killed_worker_restarts(tiny_llada, tmp_path):
 
 def test_without_restart_a_dead_worker_stops_the_server_non_zero(tiny_llada, tmp_path):
     s = start_server(tiny_llada, "--block-length", "8", "--no-restart-workers", tmp_path=tmp_path)
-    [worker] = _worker_pids(s.proc.pid)
+    [worker] = worker_pids(s.proc.pid)
     kids = children(s.proc.pid)
     os.kill(worker, signal.SIGKILL)
     assert s.proc.wait(30) == 1

@@ -9,7 +9,8 @@ from dllm_server.decoding.params import BlockPolicy, DecodeParams
 from dllm_server.sim.behaviour import (POSITIONS_PER_FORWARD, ParametricBehaviour, ReplayBehaviour, SimRequest,
                                        positions_per_forward)
 from dllm_server.sim.cost import FittedCost, fit_iterations, load_cpu_cost, trimmed_fit
-from dllm_server.sim.gpu_cost import DEVICES, LINKS, MODELS, _It, from_gpu_bench, gpu_cost
+from dllm_server.sim.gpu_cost import DEVICES, LINKS, MODELS, from_gpu_bench, gpu_cost
+from dllm_server.worker.core import IterationStats as _It
 from dllm_server.worker.core import IterationStats
 
 

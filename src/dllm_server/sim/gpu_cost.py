@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..messages import ModelInfo
+from ..worker.core import IterationStats
 
 
 @dataclass(frozen=True)
@@ -181,16 +182,6 @@ def gpu_cost(model: str, device: str, link: str = "nvlink", block_length: int = 
     return RooflineCost(MODELS[model], DEVICES[device], LINKS[link], block_length, eff or Efficiency())
 
 
-@dataclass
-class _It:   # the IterationStats fields a forward needs (worker/core.py)
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    decode_keys: int = 0
-    prefill_sq: int = 0
-    num_prefills: int = 0
-    num_decodes: int = 0
-
-
 def _shape_of(cfg: dict) -> ModelShape:
     heads = cfg["n_heads"]
     return ModelShape("measured", cfg["d_model"], cfg["n_layers"], heads, cfg.get("n_kv_heads", heads),
@@ -227,7 +218,7 @@ def from_gpu_bench(path: str | Path, model: str, link: str = "nvlink", block_len
     L, q = dec.get("canvas"), dec.get("q_tokens")
 
     def decode_it(r):
-        return _It(decode_tokens=r["fed_tokens"], decode_keys=r["batch"] * L, num_decodes=r["batch"])
+        return IterationStats(decode_tokens=r["fed_tokens"], decode_keys=r["batch"] * L, num_decodes=r["batch"])
 
     def rel_err(c, pairs):
         return sum((c.forward_s(it) * 1e3 - ms) ** 2 / ms ** 2 for it, ms in pairs)
@@ -243,8 +234,8 @@ def from_gpu_bench(path: str | Path, model: str, link: str = "nvlink", block_len
             eff = replace(eff, eager_launch_s=max(0.0, resid[len(resid) // 2]))
     pre = [r for r in (data.get("prefill") or {}).get("rows", []) if r.get("model_ms")]
     if pre:
-        pairs = [(_It(prefill_tokens=r["length"], prefill_sq=r["length"] ** 2, num_prefills=1), r["model_ms"])
-                 for r in pre]
+        pairs = [(IterationStats(prefill_tokens=r["length"], prefill_sq=r["length"] ** 2, num_prefills=1),
+                  r["model_ms"]) for r in pre]
         eff = replace(eff, attention=_best(grid, lambda g: rel_err(replace(cost, eff=replace(eff, attention=g,
                                                                                       eager_launch_s=0)), pairs)))
     serving = ((data.get("serving") or {}).get("runs") or {})
