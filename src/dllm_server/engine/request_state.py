@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..decoding.canvas import answer_len, num_blocks
@@ -74,7 +75,8 @@ class RequestState:
 
     def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0) -> SubmitBlock:
         """The current block for a worker that does not hold this request's canvas."""
-        canvas = torch.tensor(self.prompt_ids + self.answer, dtype=torch.int64)
+        # via NumPy: a quarter of torch.tensor's time on a long Python list
+        canvas = torch.from_numpy(np.array(self.prompt_ids + self.answer, dtype=np.int64))
         return SubmitBlock(self.request_id, self.block_index, self.prompt_len, canvas, self.params, policy,
                            self.stop_ids, self.arrival_seq, step_offset, then=then)
 

@@ -142,6 +142,7 @@ class ParametricBehaviour(Behaviour):
         self.table = table or POSITIONS_PER_FORWARD[model]
         self.seed = seed
         self._rng: dict[int, np.random.Generator] = {}
+        self._extra: dict[float, float] = {}      # threshold -> ppf - 1
 
     def forget(self, request_id: str, num_blocks: int) -> None:
         seq = self.requests.get(request_id, (None,))[0]
@@ -152,7 +153,9 @@ class ParametricBehaviour(Behaviour):
         fixed = _fixed(policy, width)
         if fixed is not None:
             return fixed
-        extra = positions_per_forward(self.table, policy.threshold) - 1.0
+        extra = self._extra.get(policy.threshold)
+        if extra is None:
+            extra = self._extra[policy.threshold] = positions_per_forward(self.table, policy.threshold) - 1.0
         rng = self._rng.get(seq)
         if rng is None:
             rng = self._rng[seq] = np.random.default_rng((self.seed, seq))

@@ -142,23 +142,38 @@ class RooflineCost:
     def kv_pool_tokens(self) -> int:
         return int((self.device.memory_bytes - self.model.weight_bytes) * KV_POOL_SHARE / self.model.kv_bytes_per_token)
 
+    def __setattr__(self, name, value) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_terms", None)      # a changed field invalidates the constants
+
+    def _constants(self) -> tuple:
+        """forward_s's per-instance constants, computed once (it runs twice per simulated turn);
+        the same operations in the same order as written out, so the same floats."""
+        m, d, e = self.model, self.device, self.eff
+        gemm, attn_rate, bw = d.peak_flops * e.gemm, d.peak_flops * e.attention, d.mem_bytes_per_s * e.memory
+        lp, hp = m.linear_params, m.head_params
+        terms = (gemm, attn_rate, bw, self.block_length, 2 * lp, lp * m.bytes_per_param / bw, 2 * hp,
+                 hp * m.bytes_per_param, m.vocab, 4 * m.layers * m.heads * m.head_dim, m.kv_bytes_per_token,
+                 e.eager_launch_s, e.graph_launch_s)
+        object.__setattr__(self, "_terms", terms)
+        return terms
+
     def forward_s(self, it) -> float:
         rows = it.num_prefills + it.num_decodes
         if rows == 0:
             return 0.0
-        m, d, e = self.model, self.device, self.eff
-        gemm, attn_rate, bw = d.peak_flops * e.gemm, d.peak_flops * e.attention, d.mem_bytes_per_s * e.memory
+        (gemm, attn_rate, bw, block_length, lin_flops, lin_bytes_s, head_flops, head_bytes, vocab, attn_coef,
+         kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
         tokens = it.prefill_tokens + it.decode_tokens
-        logit_rows = rows * self.block_length      # our engine computes logits at block positions only
-        linear = max(2 * m.linear_params * tokens / gemm, m.linear_params * m.bytes_per_param / bw)
-        head = max(2 * m.head_params * logit_rows / gemm,
-                   (m.head_params * m.bytes_per_param + logit_rows * m.vocab * 4) / bw)
+        logit_rows = rows * block_length           # our engine computes logits at block positions only
+        linear = max(lin_flops * tokens / gemm, lin_bytes_s)                  # weights: compute or one read
+        head = max(head_flops * logit_rows / gemm, (head_bytes + logit_rows * vocab * 4) / bw)
         q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0
-        attn_flops = 4 * m.layers * m.heads * m.head_dim * (it.prefill_sq + q_per_decode * it.decode_keys)
-        attn_bytes = m.kv_bytes_per_token * (it.decode_keys + 2 * it.prefill_tokens)
+        attn_flops = attn_coef * (it.prefill_sq + q_per_decode * it.decode_keys)
+        attn_bytes = kv_bytes * (it.decode_keys + 2 * it.prefill_tokens)
         attention = max(attn_flops / attn_rate, attn_bytes / bw)
-        sampling = logit_rows * m.vocab * SAMPLING_BYTES_PER_LOGIT / bw
-        launch = e.eager_launch_s if it.num_prefills else e.graph_launch_s
+        sampling = logit_rows * vocab * SAMPLING_BYTES_PER_LOGIT / bw
+        launch = eager_s if it.num_prefills else graph_s
         return max(linear + head + attention + sampling, launch)
 
     def turn_s(self, it) -> float:

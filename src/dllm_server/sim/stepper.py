@@ -31,13 +31,16 @@ class SimStepper:
         batch = prefills + decodes
         width = max(t.end - t.start for t in batch)
         commit = np.zeros((len(batch), width), dtype=bool)          # numpy: per-row writes cost less
-        tokens = np.full((len(batch), width), self.fill_id, dtype=np.int64)
-        commit_range = self.behaviour.commit_range
+        tokens = np.empty((len(batch), width), dtype=np.int64)
+        tokens.fill(self.fill_id)
+        commit_range, eos_id = self.behaviour.commit_range, self.eos_id
         for i, t in enumerate(batch):
             ranges, eos = commit_range(t)
+            row = commit[i]
             for lo, hi in ranges:
-                commit[i, lo:hi] = True
+                row[lo:hi] = True
             if eos is not None:
-                tokens[i, eos] = self.eos_id
-        load = iteration_load(prefills, decodes, sum(self.fed_tokens(t, False) for t in decodes))
+                tokens[i, eos] = eos_id
+        fed = self.fed_tokens
+        load = iteration_load(prefills, decodes, sum([fed(t, False) for t in decodes]))
         return StepResult(torch.from_numpy(commit), torch.from_numpy(tokens), self.cost.forward_s(load))

@@ -22,7 +22,7 @@ import torch
 from ..config import WorkerConfig
 from ..decoding.canvas import block_bounds, num_blocks
 from ..decoding.params import BlockPolicy, DecodeParams
-from ..decoding.stop import is_final
+from ..decoding.stop import AnswerMarks
 from ..messages import (Abort, BlockDone, ContinueBlock, HandoffKV, InstallKV, LoadReport, PrefillDone, ReceiveKV,
                         RequestFailed, SetPolicy, StepDelta, SubmitBlock)
 from .admission import PrefillCandidate, admit, seat_decodes
@@ -45,7 +45,7 @@ class BlockTask:
     prompt_len: int
     params: DecodeParams
     policy: BlockPolicy
-    stop_ids: torch.Tensor
+    marks: AnswerMarks                # the answer's masks and stop tokens, beside the canvas
     arrival_seq: int
     canvas: torch.Tensor
     start: int
@@ -131,9 +131,10 @@ class WorkerCore:
 
     def _task(self, msg: SubmitBlock) -> BlockTask:
         start, end = block_bounds(msg.prompt_len, msg.block_index, msg.params.block_length)
-        return BlockTask(msg.request_id, msg.block_index, msg.prompt_len, msg.params, msg.policy,
-                         torch.tensor(msg.stop_token_ids, dtype=torch.int64), msg.arrival_seq, msg.canvas, start, end,
-                         msg.handoff, msg.stream_to, msg.then, step=msg.step_offset)
+        marks = AnswerMarks(msg.canvas, msg.prompt_len, self.mask_id, msg.stop_token_ids, msg.params.ignore_eos)
+        return BlockTask(msg.request_id, msg.block_index, msg.prompt_len, msg.params, msg.policy, marks,
+                         msg.arrival_seq, msg.canvas, start, end, msg.handoff, msg.stream_to, msg.then,
+                         step=msg.step_offset)
 
     def continue_block(self, msg: ContinueBlock) -> list:
         t = self.tasks.get(msg.request_id)
@@ -295,22 +296,21 @@ class WorkerCore:
 
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
                summary: torch.Tensor | None = None) -> list:
-        mask_id = self.mask_id
         out: list = []
+        commits, values = commit.tolist(), tokens.tolist()     # host tensors: plain lists once per step
+        features = summary.tolist() if summary is not None else None
         for i, t in enumerate(batch):
-            cols = commit[i].nonzero().squeeze(-1)
-            positions = cols + t.start
-            committed = tokens[i, cols]
-            t.canvas[positions] = committed
-            p = t.params
-            answer = t.canvas[t.prompt_len:]
-            out.append(StepDelta(t.request_id, t.block_index, t.step, tuple(positions.tolist()),
-                                 tuple(committed.tolist()), int((answer == mask_id).sum()),
-                                 () if summary is None else tuple(summary[i].tolist())))
+            row, vals = commits[i], values[i]
+            cols = [j for j, c in enumerate(row) if c]
+            committed = [vals[j] for j in cols]
+            marks = t.marks
+            positions = marks.commit(t.start, cols, committed)
+            out.append(StepDelta(t.request_id, t.block_index, t.step, positions, tuple(committed), marks.num_masked,
+                                 () if features is None else tuple(features[i])))
             t.step += 1
-            final = is_final(answer, mask_id, t.stop_ids, p.max_tokens, p.ignore_eos)
+            final = marks.is_final(t.params.max_tokens)
             was_prefill = i < n_prefills
-            if final or not bool((t.canvas[t.start:t.end] == mask_id).any()):
+            if final or not marks.any_masked(t.start, t.end):
                 out.append(self._end_block(t, final))
             elif was_prefill and t.handoff:
                 out.append(PrefillDone(t.request_id, t.block_index, t.step))
