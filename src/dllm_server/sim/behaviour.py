@@ -78,7 +78,7 @@ class Behaviour:
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[int, int | None]] = {}   # request id -> (arrival seq, eos_at)
-        self._plans: dict[tuple[str, int], tuple[list[int], int]] = {}
+        self._plans: dict[tuple[str, int], tuple] = {}    # (request, block) -> _plan(...)
 
     def register(self, request_id: str, seq: int, req: SimRequest) -> None:
         self.requests[request_id] = (seq, None if req.ignore_eos else req.eos_at)
@@ -96,19 +96,11 @@ class Behaviour:
     def commit_range(self, t) -> tuple[list[tuple[int, int]], int | None]:
         """For a block task (worker/core.py BlockTask) at its current step: the block-relative
         column ranges this forward commits, and the column of the EOS among them (or None)."""
-        seq, eos_at = self.requests[t.request_id]
-        p = t.params
-        width = t.end - t.start
-        offset = t.start - t.prompt_len                 # answer position of the block's first cell
-        limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
-        needed = max(1, min(width, limit - offset))
         key = (t.request_id, t.block_index)
         plan = self._plans.get(key)
         if plan is None:
-            counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
-            cum = list(itertools.accumulate(counts, initial=0))
-            plan = self._plans[key] = (cum, cum[-1] - needed)
-        cum, spare = plan
+            plan = self._plans[key] = self._plan(t)
+        cum, spare, needed, eos_col = plan
         s = t.step
         a = cum[s] if s < len(cum) else cum[-1]
         b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
@@ -120,10 +112,23 @@ class Behaviour:
         if b > spare:                                    # then the needed ones, left to right
             ranges.append((max(a, spare) - spare, b - spare))
         eos = None
-        if eos_at is not None and 0 <= eos_at - offset < width:
-            col = eos_at - offset
-            eos = col if any(lo <= col < hi for lo, hi in ranges) else None
+        if eos_col is not None:
+            eos = eos_col if any(lo <= eos_col < hi for lo, hi in ranges) else None
         return ranges, eos
+
+    def _plan(self, t) -> tuple[list[int], int, int, int | None]:
+        """A block's plan, drawn at its first forward: cumulative commits per forward, the spare
+        commits, the needed ones, and the EOS's column if it lands in this block."""
+        seq, eos_at = self.requests[t.request_id]
+        p = t.params
+        width = t.end - t.start
+        offset = t.start - t.prompt_len                 # answer position of the block's first cell
+        limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
+        needed = max(1, min(width, limit - offset))
+        counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
+        cum = list(itertools.accumulate(counts, initial=0))
+        eos_col = eos_at - offset if eos_at is not None and 0 <= eos_at - offset < width else None
+        return cum, cum[-1] - needed, needed, eos_col
 
 
 def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:

@@ -144,6 +144,7 @@ class Simulator:
             transport = SimTransport(wid, self.fabric) if handoffs else None
             core = WorkerCore(wc, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs
                               else None, emit=partial(self._emit, wid))
+            stepper.core = core
             self.workers.append(_Worker(wid, core, transport))
         for w in self.workers:
             self.scheduler.on_messages(w.wid, [WorkerReady(w.wid, wc.num_pages, wc.page_size, model)])

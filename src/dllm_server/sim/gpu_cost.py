@@ -145,6 +145,7 @@ class RooflineCost:
     def __setattr__(self, name, value) -> None:
         object.__setattr__(self, name, value)
         object.__setattr__(self, "_terms", None)      # a changed field invalidates the constants
+        object.__setattr__(self, "_memo", None)
 
     def _constants(self) -> tuple:
         """forward_s's per-instance constants, computed once (it runs twice per simulated turn);
@@ -159,6 +160,15 @@ class RooflineCost:
         return terms
 
     def forward_s(self, it) -> float:
+        key = (it.prefill_tokens, it.decode_tokens, it.decode_keys, it.prefill_sq, it.num_prefills, it.num_decodes)
+        memo = getattr(self, "_memo", None)          # the simulator asks twice per turn: forward, then turn
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        s = self._forward_s(it)
+        object.__setattr__(self, "_memo", (key, s))
+        return s
+
+    def _forward_s(self, it) -> float:
         rows = it.num_prefills + it.num_decodes
         if rows == 0:
             return 0.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
 
 from ..worker.core import iteration_load
 from ..worker.model_step import StepResult
@@ -22,15 +21,18 @@ class SimStepper:
         self.cost = cost
         self.eos_id = eos_id
         self.fill_id = fill_id            # what a committed non-EOS position holds (any non-stop id)
+        self.core = None                  # the WorkerCore it steps (its iteration_load is this step's)
 
     def fed_tokens(self, t, is_prefill: bool) -> int:
         a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
+        """Commits as NumPy host arrays where the real stepper returns host tensors: WorkerCore
+        reads either only through tolist(), and a simulated step then makes no tensor at all."""
         batch = prefills + decodes
         width = max(t.end - t.start for t in batch)
-        commit = np.zeros((len(batch), width), dtype=bool)          # numpy: per-row writes cost less
+        commit = np.zeros((len(batch), width), dtype=bool)
         tokens = np.empty((len(batch), width), dtype=np.int64)
         tokens.fill(self.fill_id)
         commit_range, eos_id = self.behaviour.commit_range, self.eos_id
@@ -41,6 +43,8 @@ class SimStepper:
                 row[lo:hi] = True
             if eos is not None:
                 tokens[i, eos] = eos_id
-        fed = self.fed_tokens
-        load = iteration_load(prefills, decodes, sum([fed(t, False) for t in decodes]))
-        return StepResult(torch.from_numpy(commit), torch.from_numpy(tokens), self.cost.forward_s(load))
+        if self.core is not None:        # WorkerCore.step sets `last` to these rows' load before it runs us
+            load = self.core.last
+        else:
+            load = iteration_load(prefills, decodes, sum(self.fed_tokens(t, False) for t in decodes))
+        return StepResult(commit, tokens, self.cost.forward_s(load))

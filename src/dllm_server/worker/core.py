@@ -15,6 +15,7 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass
+from itertools import compress
 from typing import Callable
 
 import torch
@@ -297,12 +298,13 @@ class WorkerCore:
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
                summary: torch.Tensor | None = None) -> list:
         out: list = []
-        commits, values = commit.tolist(), tokens.tolist()     # host tensors: plain lists once per step
+        commits, values = commit.tolist(), tokens.tolist()     # host arrays: plain lists once per step
         features = summary.tolist() if summary is not None else None
+        columns = range(len(commits[0])) if commits else range(0)
         for i, t in enumerate(batch):
-            row, vals = commits[i], values[i]
-            cols = [j for j, c in enumerate(row) if c]
-            committed = [vals[j] for j in cols]
+            row = commits[i]
+            cols = list(compress(columns, row))
+            committed = list(compress(values[i], row))
             marks = t.marks
             positions = marks.commit(t.start, cols, committed)
             out.append(StepDelta(t.request_id, t.block_index, t.step, positions, tuple(committed), marks.num_masked,

@@ -33,7 +33,7 @@ class KVPool:
         self.layers = [LayerKV(torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device),
                                torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device))
                        for _ in range(num_layers)]
-        self._is_free = [True] * num_pages
+        self._is_free = bytearray(b"\x01") * num_pages    # 1 = free; bytes.find scans it in C
         self.num_free_pages = num_pages
         self._owner: dict[str, PageAlloc] = {}
 
@@ -51,7 +51,7 @@ class KVPool:
             raise RuntimeError(f"out of KV pages: need {n}, {self.num_free_pages} free")
         pages = self._contiguous_run(n) or [i for i, free in enumerate(self._is_free) if free][:n]
         for p in pages:
-            self._is_free[p] = False
+            self._is_free[p] = 0
         self.num_free_pages -= n
         if pages == list(range(pages[0], pages[0] + n)):
             alloc = PageAlloc(pages, pages[0] * self.page_size, None)
@@ -68,7 +68,7 @@ class KVPool:
         if alloc is None:
             return
         for p in alloc.pages:
-            self._is_free[p] = True
+            self._is_free[p] = 1
         self.num_free_pages += len(alloc.pages)
 
     def rename(self, owner: str, new_owner: str) -> PageAlloc | None:
@@ -94,9 +94,6 @@ class KVPool:
             raise AssertionError("KV free-page count is inconsistent")
 
     def _contiguous_run(self, n: int) -> list[int] | None:
-        run = 0
-        for i, free in enumerate(self._is_free):
-            run = run + 1 if free else 0
-            if run == n:
-                return list(range(i - n + 1, i + 1))
-        return None
+        """The lowest run of `n` free pages."""
+        i = self._is_free.find(b"\x01" * n)
+        return list(range(i, i + n)) if i >= 0 else None
