@@ -23,7 +23,7 @@ class AnswerMarks:
     def __init__(self, canvas: torch.Tensor, prompt_len: int, mask_id: int, stop_ids, ignore_eos: bool):
         self.canvas = canvas.numpy()                   # host tensor: writes land in its memory
         self.prompt_len = prompt_len
-        self.answer: list[int] = canvas[prompt_len:].tolist()
+        self.answer: list[int] = self.canvas[prompt_len:].tolist()
         self.mask_id = mask_id
         self.stops = frozenset(() if ignore_eos else stop_ids)
         self.num_masked = self.answer.count(mask_id)   # masked answer positions
@@ -49,27 +49,28 @@ class AnswerMarks:
         """Write `values` at block-relative columns `cols` of the block starting at canvas
         position `start`; returns the absolute positions written."""
         canvas, ans, mask, stops = self.canvas, self.answer, self.mask_id, self.stops
-        base = start - self.prompt_len
-        positions = []
+        base, pl = start - self.prompt_len, self.prompt_len
+        changed = 0                                     # masked positions added (+) or filled (-)
         for c, v in zip(cols, values):
-            p, a = start + c, base + c
-            canvas[p] = v
+            a = base + c
+            canvas[pl + a] = v
             old, ans[a] = ans[a], v
-            if old == mask:
-                if v != mask:
-                    self.num_masked -= 1
-            elif v == mask:
-                self.num_masked += 1
-                self.first_mask = min(self.first_mask, a)
-            if v in stops:
-                self.first_stop = min(self.first_stop, a)
-            positions.append(p)
+            if v == mask:
+                if old != mask:
+                    changed += 1
+                if a < self.first_mask:
+                    self.first_mask = a
+            elif old == mask:
+                changed -= 1
+            if v in stops and a < self.first_stop:
+                self.first_stop = a
+        self.num_masked += changed
         n = len(ans)
         if self.first_mask < n and ans[self.first_mask] != mask:
             self.first_mask = self._next_mask(self.first_mask)
         if self.first_stop < n and ans[self.first_stop] not in stops:     # a stop token overwritten
             self.first_stop = self._next_stop(self.first_stop)
-        return tuple(positions)
+        return tuple([start + c for c in cols])
 
     def visible_len(self, max_tokens: int) -> int:
         """Up to the first committed stop token (exclusive), capped at max_tokens."""

@@ -93,32 +93,20 @@ class Behaviour:
         of them: each >= 1, needed <= sum <= width."""
         raise NotImplementedError
 
-    def commit_range(self, t) -> tuple[list[tuple[int, int]], int | None]:
+    def commit_range(self, t) -> tuple[tuple[tuple[int, int], ...], int | None]:
         """For a block task (worker/core.py BlockTask) at its current step: the block-relative
         column ranges this forward commits, and the column of the EOS among them (or None)."""
         key = (t.request_id, t.block_index)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(t)
-        cum, spare, needed, eos_col = plan
-        s = t.step
-        a = cum[s] if s < len(cum) else cum[-1]
-        b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
-        if b <= a:                                       # past the plan (never expected): finish the block
-            a, b = min(a, cum[-1] - 1), cum[-1]
-        ranges = []
-        if a < spare:                                    # spare columns come first: needed + [a, b)
-            ranges.append((needed + a, needed + min(b, spare)))
-        if b > spare:                                    # then the needed ones, left to right
-            ranges.append((max(a, spare) - spare, b - spare))
-        eos = None
-        if eos_col is not None:
-            eos = eos_col if any(lo <= eos_col < hi for lo, hi in ranges) else None
-        return ranges, eos
+        steps, shape = plan
+        return steps[t.step] if t.step < len(steps) else _step(shape, t.step)
 
-    def _plan(self, t) -> tuple[list[int], int, int, int | None]:
-        """A block's plan, drawn at its first forward: cumulative commits per forward, the spare
-        commits, the needed ones, and the EOS's column if it lands in this block."""
+    def _plan(self, t) -> tuple[list, tuple]:
+        """A block's plan, drawn at its first forward: every forward's answer, and its shape
+        (cumulative commits per forward, the spare commits, the needed ones, the EOS's column if
+        it lands in this block)."""
         seq, eos_at = self.requests[t.request_id]
         p = t.params
         width = t.end - t.start
@@ -128,7 +116,26 @@ class Behaviour:
         counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
         cum = list(itertools.accumulate(counts, initial=0))
         eos_col = eos_at - offset if eos_at is not None and 0 <= eos_at - offset < width else None
-        return cum, cum[-1] - needed, needed, eos_col
+        shape = (cum, cum[-1] - needed, needed, eos_col)
+        return [_step(shape, s) for s in range(len(counts))], shape
+
+
+def _step(shape: tuple, s: int) -> tuple[tuple[tuple[int, int], ...], int | None]:
+    """Forward `s` of a block plan: the column ranges it commits, and the EOS's column if among them."""
+    cum, spare, needed, eos_col = shape
+    a = cum[s] if s < len(cum) else cum[-1]
+    b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
+    if b <= a:                                       # past the plan (never expected): finish the block
+        a, b = min(a, cum[-1] - 1), cum[-1]
+    ranges = []
+    if a < spare:                                    # spare columns come first: needed + [a, b)
+        ranges.append((needed + a, needed + min(b, spare)))
+    if b > spare:                                    # then the needed ones, left to right
+        ranges.append((max(a, spare) - spare, b - spare))
+    eos = None
+    if eos_col is not None:
+        eos = eos_col if any(lo <= eos_col < hi for lo, hi in ranges) else None
+    return tuple(ranges), eos
 
 
 def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:
