@@ -171,10 +171,10 @@ class ParametricBehaviour(Behaviour):
         rng = self._rng.get(seq)
         if rng is None:
             rng = self._rng[seq] = np.random.default_rng((self.seed, seq))
-        draws = 1 + rng.poisson(extra, size=needed) if extra > 0 else np.ones(needed, dtype=int)
+        extras = rng.poisson(extra, size=needed).tolist() if extra > 0 else [0] * needed
         counts, left = [], needed
-        for d in draws.tolist():
-            c = min(d, left)
+        for d in extras:
+            c = min(d + 1, left)
             counts.append(c)
             left -= c
             if not left:

@@ -38,9 +38,8 @@ class SimStepper:
         commit_range, eos_id = self.behaviour.commit_range, self.eos_id
         for i, t in enumerate(batch):
             ranges, eos = commit_range(t)
-            row = commit[i]
             for lo, hi in ranges:
-                row[lo:hi] = True
+                commit[i, lo:hi] = True
             if eos is not None:
                 tokens[i, eos] = eos_id
         if self.core is not None:        # WorkerCore.step sets `last` to these rows' load before it runs us

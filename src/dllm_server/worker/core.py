@@ -85,9 +85,14 @@ def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> Iterati
     """What one iteration feeds (the step-time model's features, policy/step_time.py): a prefill
     feeds its whole canvas and attends over it (squared), a decode its fed tokens against the
     canvas's keys. Pure; the core and the simulator's stepper both describe an iteration with it."""
-    return IterationStats(sum(t.canvas.numel() for t in prefills), decode_tokens,
-                          sum(t.canvas.numel() for t in decodes), sum(t.canvas.numel() ** 2 for t in prefills),
-                          len(prefills), len(decodes))
+    prefill_tokens = prefill_sq = decode_keys = 0
+    for t in prefills:
+        n = t.canvas.numel()
+        prefill_tokens += n
+        prefill_sq += n * n
+    for t in decodes:
+        decode_keys += t.canvas.numel()
+    return IterationStats(prefill_tokens, decode_tokens, decode_keys, prefill_sq, len(prefills), len(decodes))
 
 
 class WorkerCore:
@@ -232,12 +237,15 @@ class WorkerCore:
     def step(self) -> list:
         n_seat = seat_decodes(len(self.ready), num_active=len(self.active),
                               max_active_decodes=self.policy.max_active_decodes)
-        for rid in self.ready[:n_seat]:
-            self.tasks[rid].phase = ACTIVE
-        self.active.extend(self.ready[:n_seat])
-        del self.ready[:n_seat]
-        decodes = [self.tasks[r] for r in self.active]
-        decode_tokens = sum(self.stepper.fed_tokens(t, False) for t in decodes)
+        if n_seat:
+            seated = self.ready[:n_seat]
+            for rid in seated:
+                self.tasks[rid].phase = ACTIVE
+            self.active.extend(seated)
+            del self.ready[:n_seat]
+        tasks, fed = self.tasks, self.stepper.fed_tokens
+        decodes = [tasks[r] for r in self.active]
+        decode_tokens = sum([fed(t, False) for t in decodes])
         prefills = self._admit(decode_tokens)
         last = self.last = iteration_load(prefills, decodes, decode_tokens)
         last.deficit_tokens = self.deficit_tokens
