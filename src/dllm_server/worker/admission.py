@@ -43,6 +43,9 @@ class Admission:
     seat_stalled: bool = False
 
 
+_NOTHING_WAITS = Admission((), 0, False)     # the usual answer, made once (it is immutable)
+
+
 def seat_decodes(num_ready: int, *, num_active: int, max_active_decodes: int) -> int:
     """How many prefilled-and-waiting blocks to seat now (taken from the front, arrival order)."""
     return max(0, min(num_ready, max_active_decodes - num_active))
@@ -56,7 +59,7 @@ def admit(waiting: Sequence[PrefillCandidate], *, decode_tokens: int, token_budg
           deficit_tokens: int, free_pages: int, num_active: int, num_ready: int,
           max_active_decodes: int, credit_share: float = 0.125) -> Admission:
     if not waiting:
-        return Admission((), 0, False)
+        return _NOTHING_WAITS
     unlimited = token_budget is None
     earned = 0 if unlimited else max(token_budget - decode_tokens, credit_floor(token_budget, credit_share))
     avail = float("inf") if unlimited else earned + deficit_tokens

@@ -291,6 +291,8 @@ class WorkerCore:
                          num_active=len(self.active), num_ready=len(self.ready),
                          max_active_decodes=pol.max_active_decodes, credit_share=pol.credit_share)
         self.deficit_tokens = decision.deficit_tokens
+        if not decision.admitted:
+            return []
         chosen = set(decision.admitted)
         admitted = [t for t in waiting if t.request_id in chosen]
         if len(admitted) == len(waiting) or (admitted and waiting[len(admitted) - 1] is admitted[-1]):
