@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from ..worker.core import iteration_load
 from ..worker.model_step import StepResult
 from ..worker.runner import fed_range
@@ -28,20 +26,24 @@ class SimStepper:
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
-        """Commits as NumPy host arrays where the real stepper returns host tensors: WorkerCore
-        reads either only through tolist(), and a simulated step then makes no tensor at all."""
+        """Commits as rows of plain lists where the real stepper returns host tensors (WorkerCore
+        takes either): a simulated step makes no array at all."""
         batch = prefills + decodes
         width = max(t.end - t.start for t in batch)
-        commit = np.zeros((len(batch), width), dtype=bool)
-        tokens = np.empty((len(batch), width), dtype=np.int64)
-        tokens.fill(self.fill_id)
-        commit_range, eos_id = self.behaviour.commit_range, self.eos_id
-        for i, t in enumerate(batch):
+        commit, tokens = [], []
+        commit_range, eos_id, fill = self.behaviour.commit_range, self.eos_id, [self.fill_id] * width
+        for t in batch:
             ranges, eos = commit_range(t)
+            row = [False] * width
             for lo, hi in ranges:
-                commit[i, lo:hi] = True
-            if eos is not None:
-                tokens[i, eos] = eos_id
+                row[lo:hi] = (True,) * (hi - lo)
+            commit.append(row)
+            if eos is None:
+                tokens.append(fill)                     # shared: the core only reads it
+            else:
+                toks = fill.copy()
+                toks[eos] = eos_id
+                tokens.append(toks)
         if self.core is not None:        # WorkerCore.step sets `last` to these rows' load before it runs us
             load = self.core.last
         else:

@@ -308,7 +308,9 @@ class WorkerCore:
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
                summary: torch.Tensor | None = None) -> list:
         out: list = []
-        commits, values = commit.tolist(), tokens.tolist()     # host arrays: plain lists once per step
+        # host tensors (or their rows as lists already, from the simulator's stepper): plain lists once per step
+        commits = commit if isinstance(commit, list) else commit.tolist()
+        values = tokens if isinstance(tokens, list) else tokens.tolist()
         features = summary.tolist() if summary is not None else None
         columns = range(len(commits[0])) if commits else range(0)
         for i, t in enumerate(batch):
