@@ -49,8 +49,10 @@ def _shard_files(folder: Path) -> list[Path]:
     raise ValueError(f"model: {folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def load_model(path: str | Path, dtype: str = "auto",
-               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelArgs, torch.dtype]:
+def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
+               fuse: bool = True) -> tuple[nn.Module, ModelArgs, torch.dtype]:
+    """The model in eval mode; `fuse` joins Q/K/V and gate/up into single matmuls (serving; its
+    state_dict then no longer has the checkpoint's names)."""
     folder = Path(path)
     cfg = read_config(folder)
     make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]
@@ -79,5 +81,7 @@ def load_model(path: str | Path, dtype: str = "auto",
             raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
     model.load_state_dict(state, strict=True, assign=True)
     model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    if fuse:
+        model.fuse_projections()
     model.eval().requires_grad_(False)
     return model, args, torch_dtype

@@ -97,7 +97,10 @@ class ModelRunner:
                                            torch.cat(slots).to(self.device)), self.pool.layers,
                             torch.cat(rows).to(self.device))
         logits = logits[:, : self.args.vocab_size].float()
-        width = max(it.block_end - it.block_start for it in items)
+        widths = [it.block_end - it.block_start for it in items]
+        width = max(widths)
+        if min(widths) == width:          # the usual case: one block length, no copy (a view)
+            return logits.reshape(len(items), width, -1)
         out = logits.new_zeros(len(items), width, logits.shape[-1])
         offset = 0
         for b, it in enumerate(items):
