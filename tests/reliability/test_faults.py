@@ -25,8 +25,10 @@ def _streams(url: str, body: dict, n: int) -> tuple[list[threading.Thread], list
     def run():
         res = {"status": 0, "finish": [], "errors": [], "done": False, "ended_at": None}
         try:
+            # verify=False: plain HTTP anyway, and building a client's TLS context costs ~25 ms of
+            # CPU; n threads doing it at once on a loaded machine spread the arrivals over seconds.
             with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=120,
-                              trust_env=False) as r:
+                              trust_env=False, verify=False) as r:
                 res["status"] = r.status_code
                 for line in r.iter_lines():
                     if line == "data: [DONE]":
