@@ -58,9 +58,10 @@ SMOKE = Shapes(96, 64, 32, BATCHES, (64, 128, 256, 512), (256, 512), 1, 3, 4, 64
 
 
 # ---- model ----
-def build_model(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int):
+def build_model(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int, fuse: bool = True):
     """Random weights allocated directly on the device (meta -> to_empty, then seeded in-place
-    normal_ with a device generator): seconds for 8B on a GPU, no CPU init, no checkpoint."""
+    normal_ with a device generator): seconds for 8B on a GPU, no CPU init, no checkpoint.
+    Fused as the server's loader fuses it (`fuse=False`: the checkpoint's names, for saving)."""
     args = llada.args_from_config(cfg)
     with torch.device("meta"):
         model = llada.LLaDAModelLM(args).to(dtype)
@@ -77,6 +78,8 @@ def build_model(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int):
             else:
                 p.normal_(0.0, 1.0 / p.shape[1] ** 0.5, generator=g)
     model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    if fuse:
+        model.fuse_projections()
     return model.eval().requires_grad_(False), args
 
 
@@ -287,7 +290,7 @@ class TimedLLM(LLM):
 
 def write_checkpoint(cfg: dict, layers: int, device, dtype: torch.dtype, seed: int, folder: Path) -> Path:
     cfg = {**cfg, "n_layers": layers, "torch_dtype": str(dtype).removeprefix("torch.")}
-    model, _ = build_model(cfg, device, dtype, seed)
+    model, _ = build_model(cfg, device, dtype, seed, fuse=False)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     del model
     free_device_memory(device)

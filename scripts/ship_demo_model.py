@@ -89,7 +89,8 @@ def main() -> None:
         "",
         "![loss](../../../../docs/img/demo_model_loss.png)",
         "",
-        "## Samples (chat template, `max_tokens` 64, block 32, threshold 0.9)",
+        "## Samples (chat template, `max_tokens` 64, block 32, threshold 0.9; served as `dtype auto` serves it on a "
+        "CPU: float32)",
         "",
         "| temperature, seed | prompt | reply | finish | forwards | positions committed / forward |",
         "|---|---|---|---|---|---|",

@@ -31,7 +31,7 @@ class ServerConfig:
                                        "path = that folder's, none = ignore it (server defaults only)")
     served_model_name: str | None = _f(None, "name reported by /v1/models (default: the model id, else the folder "
                                        "name)")
-    dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's, fp32 on CPU for fp16), "
+    dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's; on CPU fp32 for fp16/bf16 ones), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
     attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; falls back to SDPA without CUDA or "

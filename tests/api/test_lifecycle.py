@@ -33,6 +33,7 @@ def wait_for(cond, timeout=20.0):
 
 # One token per forward, one block: the KV pages stay allocated for the whole request.
 SLOW = {"prompt": [1, 2, 3], "max_tokens": 256, "steps": 256, "block_length": 256, "ignore_eos": True}
+SLOWER = {**SLOW, "max_tokens": 768, "steps": 768}       # three blocks of 256, one position per step
 
 
 def test_disconnect_mid_stream_frees_kv(server):
@@ -80,8 +81,8 @@ def test_full_queue_answers_503_with_retry_after(tiny_llada, tmp_path):
     try:
         results = {}
 
-        def post(name):
-            results[name] = httpx.post(s.url + "/v1/completions", json=SLOW, timeout=120)
+        def post(name):     # long enough that `a` still runs when the third request comes (~2 s)
+            results[name] = httpx.post(s.url + "/v1/completions", json=SLOWER, timeout=120)
         a = threading.Thread(target=post, args=("a",))
         a.start()
         assert wait_for(lambda: metric(s, "dllm:num_requests_running") == 1)

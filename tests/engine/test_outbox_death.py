@@ -1,7 +1,7 @@
-"""A worker killed in the middle of writing a message to its outbox: the outbox reader blocks on
-the rest of the message forever, so the death must be noticed from the process itself (its
-sentinel). Real processes and queues; the child writes the first bytes of a 1 MiB message by
-hand, which is where a SIGKILL during a large put leaves the pipe."""
+"""A worker killed in the middle of writing a message to its outbox: the death is reported once,
+after everything it sent whole, and no reader thread is left blocked on the rest of the message
+(the front holds no write end of the pipe). Real processes and pipes; the child writes the first
+bytes of a 1 MiB message by hand, which is where a SIGKILL during a large put leaves the pipe."""
 import asyncio
 import os
 import signal
@@ -10,6 +10,7 @@ import time
 
 import torch.multiprocessing as mp
 
+from dllm_server.channel import Outbox
 from dllm_server.config import ServerConfig
 from dllm_server.engine.worker_pool import WorkerPool, _Slot
 from dllm_server.messages import WorkerSpec
@@ -17,18 +18,17 @@ from dllm_server.messages import WorkerSpec
 
 def _half_write_then_wait(outbox, ready) -> None:
     outbox.put(["a whole batch"])
-    time.sleep(0.5)                         # let the feeder thread flush it
-    fd = outbox._writer.fileno()
-    os.write(fd, struct.pack("!i", 1 << 20) + b"x" * 4096)     # header + the first 4 KiB
+    os.write(outbox.conn.fileno(), struct.pack("!i", 1 << 20) + b"x" * 4096)     # header + the first 4 KiB
     ready.set()
     time.sleep(600)
 
 
 def _start(pool: WorkerPool, ctx, wid: int = 0) -> tuple[_Slot, object]:
     ready = ctx.Event()
-    inbox, outbox = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_half_write_then_wait, args=(outbox, ready), daemon=True)
+    inbox, outbox = ctx.Queue(), Outbox(ctx)
+    proc = ctx.Process(target=_half_write_then_wait, args=(outbox.writer, ready), daemon=True)
     proc.start()
+    outbox.close_writer()
     slot = _Slot(WorkerSpec(wid, "colocated", "cpu", 1, "-", 1, 0), proc, inbox, outbox)
     pool.slots[wid] = slot
     pool._monitor(slot)
@@ -54,8 +54,8 @@ async def test_a_worker_killed_mid_message_is_reported_dead():
     took = time.monotonic() - t0
     assert deaths == [(0, -signal.SIGKILL)] and got == [["a whole batch"]]
     assert took < 3, took
-    assert slot.reader.is_alive()           # still stuck: only the sentinel could tell
     await asyncio.sleep(0.5)
+    assert not slot.reader.is_alive()       # the end of the pipe reached it, mid-message
     assert len(deaths) == 1                  # reported once
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from dllm_server.model.attention import DenseBatch
-from dllm_server.model.layers import apply_rotary
 
 
 def full_logits(model, canvas: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -58,9 +57,7 @@ def _dream_forward(model, canvas: torch.Tensor, lo: int, hi: int, cache: list | 
     for i, layer in enumerate(model.model.layers):
         att = layer.self_attn
         y = layer.input_layernorm(h)
-        q = apply_rotary(att.q_proj(y).view(-1, a.num_heads, a.head_dim), cos, sin)
-        k = apply_rotary(att.k_proj(y).view(-1, a.num_kv_heads, a.head_dim), cos, sin)
-        v = att.v_proj(y).view(-1, a.num_kv_heads, a.head_dim)
+        q, k, v = att.project_qkv(y, cos, sin)
         if cache[i] is None:
             cache[i] = (torch.zeros(n, *k.shape[1:], dtype=k.dtype), torch.zeros(n, *v.shape[1:], dtype=v.dtype))
         keys, values = cache[i]
@@ -74,8 +71,9 @@ def _dream_forward(model, canvas: torch.Tensor, lo: int, hi: int, cache: list | 
         o = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vv).to(h.dtype)
         h = h + att.o_proj(o.flatten(1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    head = model.model.embed_tokens.weight if a.tie_embeddings else model.lm_head.weight
-    return (model.model.norm(h) @ head.T)[:, : a.vocab_size].double(), cache
+    h = model.model.norm(h)
+    logits = h @ model.model.embed_tokens.weight.T if a.tie_embeddings else model.lm_head(h)
+    return logits[:, : a.vocab_size].double(), cache
 
 
 def dream_block_reference(model, prompt: list[int], answer_len: int, block_len: int, threshold: float,

@@ -35,7 +35,9 @@ def test_parameter_names_are_the_hf_ones(tiny_llada, tiny_dream):
 def test_low_precision_checkpoints_load_and_generate(tmp_path, dtype):
     path = make_tiny_model(tmp_path / dtype, arch="llada", dtype=dtype)
     _, _, torch_dtype = load_model(path)
-    assert torch_dtype == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)   # fp16 -> fp32 on CPU
+    assert torch_dtype == torch.float32                     # auto on CPU: half precision runs in fp32
+    _, _, kept = load_model(path, dtype)
+    assert kept == getattr(torch, dtype)
     out = LLM(str(path), block_length=8).generate("hello", SamplingParams(max_tokens=8))[0]
     assert len(out.token_ids) >= 1
 
@@ -75,3 +77,14 @@ def test_skip_tokenizer_init_allows_a_folder_without_tokenizer(tmp_path, tiny_dr
     assert out.token_ids and out.text == ""
     with pytest.raises(ValueError, match="prompt"):
         llm.generate("text needs a tokenizer")
+
+
+def test_auto_keeps_bf16_on_cpu_when_fp32_weights_would_not_fit(monkeypatch):
+    from dllm_server.model import loader
+    cfg = {"torch_dtype": "bfloat16"}
+    cpu = torch.device("cpu")
+    assert loader.resolve_dtype("auto", cfg, cpu, weight_bytes=2**20) == torch.float32
+    monkeypatch.setattr(loader, "available_memory_bytes", lambda: 3 * 2**20)
+    assert loader.resolve_dtype("auto", cfg, cpu, weight_bytes=2**20) == torch.bfloat16
+    assert loader.resolve_dtype("auto", {"torch_dtype": "float16"}, cpu, weight_bytes=2**20) == torch.float32
+    assert loader.resolve_dtype("auto", cfg, torch.device("cuda"), weight_bytes=2**20) == torch.bfloat16

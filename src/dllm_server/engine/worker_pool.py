@@ -18,6 +18,7 @@ from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
+from ..channel import Outbox
 from ..config import ServerConfig
 from ..launch import free_port
 from ..messages import Shutdown, WorkerSpec
@@ -76,10 +77,11 @@ class WorkerPool:
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid], self.threads, self.model_path,
                           len(self.roles) if self.uses_process_group else 1, port, peers, self.starts.get(wid, 0))
         self.starts[wid] = self.starts.get(wid, 0) + 1
-        inbox, outbox = self.ctx.Queue(), self.ctx.Queue()
-        proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox),
+        inbox, outbox = self.ctx.Queue(), Outbox(self.ctx)
+        proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox.writer),
                                 name=f"dllm-worker-{wid}", daemon=True)
         proc.start()
+        outbox.close_writer()
         slot = _Slot(spec, proc, inbox, outbox)
         self.slots[wid] = slot
         self._monitor(slot)
@@ -114,6 +116,7 @@ class WorkerPool:
     def _read(self, slot: _Slot) -> None:
         """Forward a worker's batches to the loop; once it is dead and its outbox empty, report
         the death (after everything it sent, within ~0.1 s)."""
+        _no_wakeup_preemption()
         while True:
             try:
                 batch = slot.outbox.get(timeout=0.1)
@@ -122,16 +125,16 @@ class WorkerPool:
                     self._report_death(slot)
                     return
                 continue
-            except (EOFError, OSError):      # the outbox was closed: the watcher reports any death
+            except (EOFError, OSError):      # the worker is gone (or died mid-message): the watcher reports it
                 return
             self._post(self._deliver, slot, batch)
 
     def _watch(self, slot: _Slot) -> None:
-        """The death as the kernel reports it (the process sentinel), whatever the outbox does: a
-        worker killed in the middle of writing a message leaves the reader blocked on the rest of
-        it forever (the front holds the pipe's write end too, so no EOF comes). The reader gets
-        READER_GRACE_S to report the death in order; if it has not, the death is reported here and
-        whatever the reader still gets is dropped."""
+        """The death as the kernel reports it (the process sentinel), whatever the outbox does (a
+        reader stopped by a half-written message, or one that is slow to see the end of the pipe).
+        The reader gets READER_GRACE_S to report the death in order, after everything the worker
+        sent; if it has not, the death is reported here and whatever the reader still gets is
+        dropped."""
         wait([slot.process.sentinel])
         slot.reader.join(READER_GRACE_S)
         if slot.reader.is_alive() and not self._stopping:
@@ -180,3 +183,12 @@ class WorkerPool:
             if slot.process.is_alive():
                 log.warning("worker %d did not exit in %.0f s; killing it", slot.spec.worker_id, timeout_s)
                 self._kill(slot)
+
+
+def _no_wakeup_preemption() -> None:
+    """SCHED_BATCH for the calling (reader) thread, Linux: a worker's write to its outbox wakes
+    this thread, and a woken thread that preempts the writer on its core stalls the worker's loop
+    (mean 180-380 us per 300-byte write here, 25-70 us without the preemption:
+    docs/benchmarks.md §8). The reader still runs at once on an idle core."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))

@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import RMSNorm, Rotary, apply_rotary, swiglu
+from .layers import Projections, RMSNorm, Rotary, ServingLinear
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -28,7 +28,9 @@ def args_from_config(cfg: dict) -> ModelArgs:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=True, logit_shift=1)
 
 
-class DreamAttention(nn.Module):
+class DreamAttention(Projections):
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         kv_dim = a.num_kv_heads * a.head_dim
@@ -36,25 +38,25 @@ class DreamAttention(nn.Module):
         self.k_proj = nn.Linear(a.hidden, kv_dim, bias=True)
         self.v_proj = nn.Linear(a.hidden, kv_dim, bias=True)
         self.o_proj = nn.Linear(a.hidden, a.hidden, bias=False)
-        self.shape = (a.num_heads, a.num_kv_heads, a.head_dim)
+        self.init_projections((a.num_heads, a.num_kv_heads, a.head_dim))
 
     def forward(self, x, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
-        n_h, n_kv, d = self.shape
-        q = apply_rotary(self.q_proj(x).view(-1, n_h, d), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(-1, n_kv, d), cos, sin)
-        v = self.v_proj(x).view(-1, n_kv, d)
+        q, k, v = self.project_qkv(x, cos, sin)
         return self.o_proj(attend(q, k, v, kv, batch).flatten(1))
 
 
-class DreamMLP(nn.Module):
+class DreamMLP(Projections):
+    names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.gate_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
+        self.init_projections((a.num_heads, a.num_kv_heads, a.head_dim))
 
     def forward(self, x):
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
+        return self.gated_mlp(x)
 
 
 class DreamLayer(nn.Module):
@@ -82,6 +84,13 @@ class DreamModel(nn.Module):
             self.lm_head = nn.Linear(a.hidden, a.embedding_size, bias=False)
         self.rotary = Rotary(a.head_dim, a.rope_theta, a.max_len)
 
+    def fuse_projections(self) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        if not self.args.tie_embeddings:
+            self.lm_head = ServingLinear(self.lm_head, rows=self.args.vocab_size)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
                 kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
         """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
@@ -90,5 +99,4 @@ class DreamModel(nn.Module):
         for layer, layer_kv in zip(self.model.layers, kv or [None] * self.args.num_layers):
             h = layer(h, cos, sin, layer_kv, batch)
         h = self.model.norm(h[logits_rows])
-        head = self.model.embed_tokens.weight if self.args.tie_embeddings else self.lm_head.weight
-        return h @ head.T
+        return h @ self.model.embed_tokens.weight.T if self.args.tie_embeddings else self.lm_head(h)

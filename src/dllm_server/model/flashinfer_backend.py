@@ -71,4 +71,4 @@ class FlashInferAttention:
         write_fresh_kv(kv, batch, k, v)
         _, hkv, d = self.shape
         pages = (kv.k.view(-1, self.page_size, hkv, d), kv.v.view(-1, self.page_size, hkv, d))
-        return self.wrapper.run(q, pages)
+        return self.wrapper.run(q.contiguous(), pages)   # fused QKV: q is a strided view

@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import RMSNorm, Rotary, apply_rotary, swiglu
+from .layers import Projections, RMSNorm, Rotary, ServingLinear
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -27,7 +27,10 @@ def args_from_config(cfg: dict) -> ModelArgs:
         logit_shift=0)
 
 
-class LLaDABlock(nn.Module):
+class LLaDABlock(Projections):
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "attn_out", "gate": "ff_proj", "up": "up_proj",
+             "down": "ff_out"}
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         kv_dim = a.num_kv_heads * a.head_dim
@@ -40,16 +43,12 @@ class LLaDABlock(nn.Module):
         self.ff_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)   # gate (SiLU)
         self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.ff_out = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
-        self.shape = (a.num_heads, a.num_kv_heads, a.head_dim)
+        self.init_projections((a.num_heads, a.num_kv_heads, a.head_dim))
 
     def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
-        n_h, n_kv, d = self.shape
-        x = self.attn_norm(h)
-        q = apply_rotary(self.q_proj(x).view(-1, n_h, d), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(-1, n_kv, d), cos, sin)
-        v = self.v_proj(x).view(-1, n_kv, d)
+        q, k, v = self.project_qkv(self.attn_norm(h), cos, sin)
         h = h + self.attn_out(attend(q, k, v, kv, batch).flatten(1))
-        return h + swiglu(self.ff_norm(h), self.ff_proj, self.up_proj, self.ff_out)
+        return h + self.gated_mlp(self.ff_norm(h))
 
 
 class LLaDAModelLM(nn.Module):
@@ -66,6 +65,13 @@ class LLaDAModelLM(nn.Module):
             self.model.transformer["ff_out"] = nn.Linear(a.hidden, a.embedding_size, bias=False)
         self.rotary = Rotary(a.head_dim, a.rope_theta, a.max_len)
 
+    def fuse_projections(self) -> None:
+        t = self.model.transformer
+        for block in t["blocks"]:
+            block.fuse()
+        if not self.args.tie_embeddings:     # the head without its padding rows (never sampled)
+            t["ff_out"] = ServingLinear(t["ff_out"], rows=self.args.vocab_size)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
                 kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
         """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
@@ -75,5 +81,4 @@ class LLaDAModelLM(nn.Module):
         for block, layer_kv in zip(t["blocks"], kv or [None] * self.args.num_layers):
             h = block(h, cos, sin, layer_kv, batch)
         h = t["ln_f"](h[logits_rows])
-        head = t["wte"].weight if self.args.tie_embeddings else t["ff_out"].weight
-        return h @ head.T
+        return h @ t["wte"].weight.T if self.args.tie_embeddings else t["ff_out"](h)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -25,13 +26,32 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "float64": torch.float64}
 
 
-def resolve_dtype(requested: str, cfg: dict, device: torch.device) -> torch.dtype:
+def available_memory_bytes() -> int:
+    """MemAvailable (Linux), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve_dtype(requested: str, cfg: dict, device: torch.device, weight_bytes: int = 0) -> torch.dtype:
+    """`auto`: the checkpoint's dtype, except on a CPU, where half-precision checkpoints run in
+    float32: fp16 matmuls there are slow and lossy, and bf16 ones ran 2.6x slower than fp32 on
+    our AVX-512 CPUs (docs/benchmarks.md §8). A bf16 checkpoint whose fp32 copy would take more
+    than half the available memory stays bf16 (`--dtype` overrides either way)."""
     if requested != "auto":
         return DTYPES[requested]
     dtype = DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
-    if device.type == "cpu" and dtype == torch.float16:
-        return torch.float32   # fp16 matmuls are slow and lossy on CPU
-    return dtype
+    if device.type != "cpu" or dtype not in (torch.float16, torch.bfloat16):
+        return dtype
+    if dtype == torch.bfloat16 and 2 * weight_bytes > available_memory_bytes() // 2:
+        log.warning("dtype auto: keeping the checkpoint's bfloat16 on CPU (float32 weights would need %.1f GiB); "
+                    "bf16 matmuls are slower than fp32 on most CPUs", 2 * weight_bytes / 2**30)
+        return dtype
+    return torch.float32
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -49,20 +69,23 @@ def _shard_files(folder: Path) -> list[Path]:
     raise ValueError(f"model: {folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def load_model(path: str | Path, dtype: str = "auto",
-               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelArgs, torch.dtype]:
+def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
+               fuse: bool = True) -> tuple[nn.Module, ModelArgs, torch.dtype]:
+    """The model in eval mode; `fuse` joins Q/K/V and gate/up into single matmuls (serving; its
+    state_dict then no longer has the checkpoint's names)."""
     folder = Path(path)
     cfg = read_config(folder)
     make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]
     args = make_args(cfg)
     device = torch.device(device)
-    torch_dtype = resolve_dtype(dtype, cfg, device)
+    shards = _shard_files(folder)
+    torch_dtype = resolve_dtype(dtype, cfg, device, sum(f.stat().st_size for f in shards))
 
     with torch.device("meta"):
         model = cls(args)
     expected = set(model.state_dict().keys())
     state: dict[str, torch.Tensor] = {}
-    for shard in _shard_files(folder):
+    for shard in shards:
         with safe_open(str(shard), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name in expected:
@@ -79,5 +102,7 @@ def load_model(path: str | Path, dtype: str = "auto",
             raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
     model.load_state_dict(state, strict=True, assign=True)
     model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    if fuse:
+        model.fuse_projections()
     model.eval().requires_grad_(False)
     return model, args, torch_dtype

@@ -103,9 +103,13 @@ class ModelStepper:
         logits = self.runner.forward(items, layer_done=layer_done, decode_only=not prefills)
         timer.stop()
         mask_id = self.args.mask_id
-        masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
-        for i, t in enumerate(batch):
-            masked[i, : t.end - t.start] = t.canvas[t.start:t.end] == mask_id
+        blocks = [t.canvas[t.start:t.end] for t in batch]
+        if all(b.numel() == logits.shape[1] for b in blocks):        # one block width: one compare
+            masked = torch.stack(blocks) == mask_id
+        else:
+            masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
+            for i, b in enumerate(blocks):
+                masked[i, : b.numel()] = b == mask_id
         # Fast-dLLM's Dream rule on a block's full forward while its first position is open (a
         # re-prefill after a failed handoff finds it committed already)
         n_pre = len(prefills)

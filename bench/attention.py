@@ -1,0 +1,79 @@
+"""Attention for one layer of a loaded decode iteration, by backend form, on this machine: the paged
+per-sequence SDPA backend the CPU uses (model/attention.py sdpa_attention) against one batched SDPA
+call over keys gathered to a common length (padded_attention, the fixed-shape form CUDA graphs
+replay) and, as a bound nobody can reach with a paged cache, one batched call over keys that
+already lie in one [B, K] block (no gather). Same inputs, outputs checked equal.
+
+    python bench/attention.py [--batch 1 16 32] [--q-len 32] [--kv-len 224] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from dllm_server.model.attention import AttentionBatch, LayerKV, PaddedBatch, SeqSpan, padded_attention, sdpa_attention
+
+
+def timed(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 32])
+    ap.add_argument("--q-len", type=int, default=32)
+    ap.add_argument("--kv-len", type=int, default=224)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    h, d, w, n = a.heads, a.head_dim, a.q_len, a.kv_len
+    print(f"one layer, {h} heads x {d}, {w} queries over {n} keys per sequence, {a.threads} thread(s), "
+          f"median of {a.reps}; torch {torch.__version__}\n")
+    print("| batch | per-sequence SDPA (ms) | padded: gather + one SDPA (ms) | one SDPA, no gather (bound, ms) |")
+    print("|---|---|---|---|")
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for b in a.batch:
+        slots = (b * n + 1) * 1
+        kv = LayerKV(torch.randn(slots, h, d, generator=g), torch.randn(slots, h, d, generator=g))
+        q = torch.randn(b * w, h, d, generator=g)
+        k, v = torch.randn(b * w, h, d, generator=g), torch.randn(b * w, h, d, generator=g)
+        fed = torch.cat([torch.arange(i * n + n - w, i * n + n) for i in range(b)])
+        seqs = [SeqSpan(i * w, w, n - w, n, i * n, None) for i in range(b)]
+        paged = AttentionBatch(seqs, fed_slots=fed)
+        padded = PaddedBatch(b, w, fed, torch.arange(b * n).view(b, n), torch.ones(b, n, dtype=torch.bool))
+
+        def bound():
+            kv.k.index_copy_(0, fed, k)
+            kv.v.index_copy_(0, fed, v)
+            keys = kv.k[: b * n].view(b, n, h, d).transpose(1, 2)
+            vals = kv.v[: b * n].view(b, n, h, d).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q.view(b, w, h, d).transpose(1, 2), keys, vals)
+            return o.transpose(1, 2).reshape(q.shape)
+
+        ref = sdpa_attention(q, k, v, kv, paged).reshape(q.shape)
+        for other in (padded_attention(q, k, v, kv, padded), bound()):
+            torch.testing.assert_close(other, ref, rtol=1e-5, atol=1e-5)
+        t = [timed(lambda: sdpa_attention(q, k, v, kv, paged), a.reps),
+             timed(lambda: padded_attention(q, k, v, kv, padded), a.reps), timed(bound, a.reps)]
+        print(f"| {b} | {1e3 * t[0]:.3f} | {1e3 * t[1]:.3f} | {1e3 * t[2]:.3f} |", flush=True)
+        rows.append({"batch": b, "per_sequence_ms": 1e3 * t[0], "padded_ms": 1e3 * t[1], "bound_ms": 1e3 * t[2]})
+    print("RESULT " + json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
