@@ -4,7 +4,7 @@ from the environment once):
 
 1. bf16 matmuls of 600 distinct token counts (shuffled), as a worker's packed batches of mixed
    traffic have: RSS growth after the first 150, per kernel-cache capacity.
-2. The offline LLM on the demo model (bf16, CPU, one thread), `--batches` batches of 1 to 6
+2. The offline LLM on the demo model (--dtype bfloat16 or float32, CPU, one thread), `--batches` batches of 1 to 6
    prompts of mixed lengths and answer lengths: RSS after batch 5 and at the end, per setting.
 
     python bench/worker_memory.py [--batches 40]
@@ -80,8 +80,8 @@ def main() -> int:
         print(f"| {entries or 'library default (1024)'} | {r['growth_mb']:+.1f} MB | {r['seconds']:.1f} |", flush=True)
     print(f"\n| offline LLM, demo model, {args.batches} batches | RSS after batch 5 -> end | growth | seconds |")
     print("|---|---|---|---|")
-    for label, entries, trim, dtype in (("bf16, library defaults", 0, 0, "auto"), ("bf16, caches at 64", 64, 0, "auto"),
-                                        ("bf16, caches at 64 + malloc_trim per batch", 64, 1, "auto"),
+    for label, entries, trim, dtype in (("bf16, library defaults", 0, 0, "bfloat16"), ("bf16, caches at 64", 64, 0, "bfloat16"),
+                                        ("bf16, caches at 64 + malloc_trim per batch", 64, 1, "bfloat16"),
                                         ("float32 (no oneDNN matmuls)", 0, 0, "float32")):
         r = run(OFFLINE, entries, trim, dtype, args.batches)
         a, b = r["after_5_mb"], r["end_mb"]

@@ -71,10 +71,12 @@ def test_soak_mixed_traffic_at_70_percent_of_capacity(soaked, figures):
 @pytest.mark.timeout(OVERLOAD_S + 240)
 def test_overload_at_10x_capacity(soaked, figures):
     s, base, cap, _ = soaked
-    rate = 10 * cap["capacity_req_s"]
+    # At least 10x: the search's answer moves with the machine's load of the moment (4.2 req/s in one
+    # run whose server then served 40), the burst's throughput bounds it from the other side.
+    rate = 10 * max(cap["capacity_req_s"], cap["burst_req_s"])
     # Long enough for the excess arrivals (9x capacity) to fill the queue twice over, even where
     # this moment's capacity is low.
-    duration = OVERLOAD_S if LONG else max(OVERLOAD_S, 2 * QUEUE_CAP / (9 * cap["capacity_req_s"]))
+    duration = OVERLOAD_S if LONG else max(OVERLOAD_S, 2 * QUEUE_CAP / (0.9 * rate))
     probe_body = {**PROBE, "max_tokens": 32, "ignore_eos": True}
     with MemorySampler(s.pid, every_s=0.5) as mem, Probe(s.url, probe_body) as probe:
         t0 = time.monotonic()
