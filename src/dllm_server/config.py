@@ -118,6 +118,13 @@ class ServerConfig:
                                        "disconnected and its request aborted (KV freed)")
     worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "
                                        "many seconds is killed and treated as dead; 0 turns the watchdog off")
+    # --- worker memory (docs/reliability.md) ---
+    cpu_kernel_cache_entries: int = _f(64, "CPU workers: bound oneDNN's two per-shape kernel caches (its primitive "
+                                       "cache and ideep's, 1024 entries each by default, ~0.3 MB an entry) to this "
+                                       "many entries each; bf16/fp16 matmuls of mixed traffic's many shapes fill "
+                                       "them and grew a soaked worker by 82 MB in 10 min. 0: the libraries' defaults")
+    worker_malloc_trim_s: float = _f(10.0, "a worker that goes idle returns freed heap memory to the OS "
+                                     "(glibc malloc_trim) at most this often; 0: never")
     # --- testing only ---
     causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
     fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")
@@ -183,6 +190,10 @@ class ServerConfig:
             bad("worker_stall_timeout_s", f"must be >= 0 (0: off), got {self.worker_stall_timeout_s}")
         if self.hang_at_forward < 0:
             bad("hang_at_forward", f"must be >= 0, got {self.hang_at_forward}")
+        if self.cpu_kernel_cache_entries < 0:
+            bad("cpu_kernel_cache_entries", f"must be >= 0 (0: library defaults), got {self.cpu_kernel_cache_entries}")
+        if self.worker_malloc_trim_s < 0:
+            bad("worker_malloc_trim_s", f"must be >= 0 (0: never), got {self.worker_malloc_trim_s}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:
@@ -214,7 +225,9 @@ class ServerConfig:
                             self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
                             self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
                             self.threshold_policy == "slo" or self.routing == "completion",
-                            dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward)
+                            dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward,
+                            cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
+                            malloc_trim_s=self.worker_malloc_trim_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +264,8 @@ class WorkerConfig:
     profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
     dream_decoding: str = "fast_dllm"  # ServerConfig.dream_decoding
     hang_at_forward: int = 0           # TEST ONLY: the n-th forward of each worker's first process never returns
+    cpu_kernel_cache_entries: int = 0  # ServerConfig's; 0: leave oneDNN's caches at their defaults
+    malloc_trim_s: float = 0.0         # ServerConfig.worker_malloc_trim_s; 0: never
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

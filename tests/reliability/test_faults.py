@@ -10,6 +10,9 @@ import threading
 import time
 
 import httpx
+import pytest
+
+from dllm_server.launch import wait_healthy
 
 from .conftest import start
 from .tools import alive, metrics, wait_for, worker_pids
@@ -22,8 +25,10 @@ def _streams(url: str, body: dict, n: int) -> tuple[list[threading.Thread], list
     def run():
         res = {"status": 0, "finish": [], "errors": [], "done": False, "ended_at": None}
         try:
+            # verify=False: plain HTTP anyway, and building a client's TLS context costs ~25 ms of
+            # CPU; n threads doing it at once on a loaded machine spread the arrivals over seconds.
             with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=120,
-                              trust_env=False) as r:
+                              trust_env=False, verify=False) as r:
                 res["status"] = r.status_code
                 for line in r.iter_lines():
                     if line == "data: [DONE]":
@@ -40,6 +45,16 @@ def _streams(url: str, body: dict, n: int) -> tuple[list[threading.Thread], list
     for t in threads:
         t.start()
     return threads, results
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_workers(tiny_llada, tmp_path_factory):
+    """The SIGTERM test's server (two workers), started with the module so that it boots while
+    the tests before it run; the test waits for it to be healthy."""
+    s = start(tiny_llada, "--block-length", "8", "--num-workers", "2", "--shutdown-timeout-s", "60",
+              tmp_path=tmp_path_factory.mktemp("sigterm"), wait=False)
+    yield s
+    s.stop(timeout=5)
 
 
 def test_a_hung_worker_is_killed_by_the_watchdog(tiny_llada, tmp_path, figures):
@@ -70,36 +85,42 @@ def test_a_hung_worker_is_killed_by_the_watchdog(tiny_llada, tmp_path, figures):
         s.stop()
 
 
-def test_a_decode_worker_killed_mid_handoff(tiny_llada, tmp_path, figures):
+@pytest.fixture(scope="module")
+def disaggregated(tiny_llada, tmp_path_factory):
+    """One prefill and one decode worker, with a KV-transfer process group: killed mid-handoff
+    first, then (restarted) the server itself is SIGKILLed."""
     s = start(tiny_llada, "--block-length", "8", "--placement", "disaggregated", "--num-workers", "1",
-              tmp_path=tmp_path)
-    try:
-        prefill, decode = worker_pids(s.pid)        # worker 0 prefills, worker 1 decodes
-        body = {"prompt": [7, 8, 9] * 40, "max_tokens": 96, "steps": 96, "ignore_eos": True}
-        threads, results = _streams(s.url, body, 16)
-        assert wait_for(lambda: metrics(s.url)["dllm:kv_handoffs_total"] > 2, 30)
-        os.kill(decode, signal.SIGKILL)
-        killed_at = time.monotonic()
-        for t in threads:
-            t.join(60)
-        assert len(results) == 16 and all(res["done"] for res in results), results
-        ends = [res["finish"][-1] if res["finish"] else "error" for res in results]
-        assert set(ends) <= {"length", "error"} and "error" in ends, ends
-        last_end = max(res["ended_at"] for res in results) - killed_at
-        assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
-        healthy = time.monotonic() - killed_at
-        again = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 16, "steps": 16}, timeout=60)
-        figures("decode worker killed mid-handoff", in_flight=16, ended={e: ends.count(e) for e in set(ends)},
-                all_ended_within_s=round(last_end, 2), healthy_again_after_s=round(healthy, 2))
-        assert again.status_code == 200 and last_end < 10
-        assert not alive(prefill) and not alive(decode)        # a process group restarts together
-    finally:
-        s.stop()
+              tmp_path=tmp_path_factory.mktemp("disagg"))
+    yield s
+    s.stop(timeout=5)
 
 
-def test_sigterm_under_load_drains(tiny_llada, tmp_path, figures):
-    s = start(tiny_llada, "--block-length", "8", "--num-workers", "2", "--shutdown-timeout-s", "60",
-              tmp_path=tmp_path)
+def test_a_decode_worker_killed_mid_handoff(disaggregated, figures):
+    s = disaggregated
+    prefill, decode = worker_pids(s.pid)        # worker 0 prefills, worker 1 decodes
+    body = {"prompt": [7, 8, 9] * 40, "max_tokens": 96, "steps": 96, "ignore_eos": True}
+    threads, results = _streams(s.url, body, 16)
+    assert wait_for(lambda: metrics(s.url)["dllm:kv_handoffs_total"] > 2, 30)
+    os.kill(decode, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 16 and all(res["done"] for res in results), results
+    ends = [res["finish"][-1] if res["finish"] else "error" for res in results]
+    assert set(ends) <= {"length", "error"} and "error" in ends, ends
+    last_end = max(res["ended_at"] for res in results) - killed_at
+    assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
+    healthy = time.monotonic() - killed_at
+    again = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 16, "steps": 16}, timeout=60)
+    figures("decode worker killed mid-handoff", in_flight=16, ended={e: ends.count(e) for e in set(ends)},
+            all_ended_within_s=round(last_end, 2), healthy_again_after_s=round(healthy, 2))
+    assert again.status_code == 200 and last_end < 10
+    assert not alive(prefill) and not alive(decode)        # a process group restarts together
+
+
+def test_sigterm_under_load_drains(two_workers, figures):
+    s = two_workers
+    wait_healthy(s)
     workers = worker_pids(s.pid)
     # Long enough to be in flight when the signal comes (a 256-token request takes 0.5 s here).
     body = {"prompt": [4, 5], "max_tokens": 768, "steps": 768, "ignore_eos": True}
@@ -123,14 +144,19 @@ def test_sigterm_under_load_drains(tiny_llada, tmp_path, figures):
     assert set(ends) == {"length"}
 
 
-def test_sigkill_of_the_front_leaves_no_worker(tiny_llada, tmp_path, figures):
-    """The workers are busy (a parent-death signal, not the idle loop's check, must end them)."""
-    s = start(tiny_llada, "--block-length", "8", "--num-workers", "2", tmp_path=tmp_path)
+def test_sigkill_of_the_front_leaves_no_worker(disaggregated, figures):
+    """The workers are busy (a parent-death signal, not the idle loop's check, must end them):
+    the disaggregated server's prefill and decode workers, restarted by the test above."""
+    s = disaggregated
+    assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
     workers = worker_pids(s.pid)
     assert len(workers) == 2
     body = {"prompt": [4, 5], "max_tokens": 960, "steps": 960, "ignore_eos": True}
+    handoffs = metrics(s.url)["dllm:kv_handoffs_total"]
     threads, _ = _streams(s.url, body, 16)
-    assert wait_for(lambda: metrics(s.url)["dllm:num_requests_running"] >= 4, 60)
+    # Both busy: blocks handed over (the decode worker decodes them) and more arriving to prefill.
+    assert wait_for(lambda: metrics(s.url)["dllm:num_requests_running"] >= 4
+                    and metrics(s.url)["dllm:kv_handoffs_total"] >= handoffs + 4, 60)
     os.kill(s.pid, signal.SIGKILL)
     t0 = time.monotonic()
     gone = wait_for(lambda: not any(alive(p) for p in workers), 5, every=0.02)

@@ -80,32 +80,39 @@ def test_a_client_that_never_reads_is_dropped_and_its_kv_freed(server, figures):
 
 def test_other_streams_with_and_without_20_stalled_readers(server, figures):
     """p99 of short streams: alone; beside 20 streams that read; beside 20 that never read (in
-    their stall window, then after they were dropped)."""
-    def probe_for(seconds: float) -> list[float]:
-        with Probe(server.url, SHORT, stream=True) as p:
-            time.sleep(seconds)
-        assert set(p.statuses()) == {200}
-        return [lat for _, lat, _ in p.samples]
+    their stall window, then after they were dropped). One probe process throughout, its samples
+    split by phase (the requests sent within it)."""
+    phases: dict[str, tuple[float, float]] = {}
 
-    alone = probe_for(4)
-    stop, threads = _reading(server.url, 20)
-    assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 60)
-    readers = probe_for(STALL_S - 0.5)
-    stop.set()
-    for t in threads:
-        t.join(30)
-    assert quiet(server.url, 30)
-    stalled_before = metrics(server.url).get("dllm:streams_stalled_total", 0)
-    socks = _stalled(server.url, 20)
-    assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 60)
-    stalled = probe_for(STALL_S - 0.5)
-    assert wait_for(lambda: metrics(server.url)["dllm:streams_stalled_total"] >= stalled_before + 20, 30)
-    assert quiet(server.url, 20)
-    after = probe_for(4)
+    def phase(name: str, seconds: float) -> None:
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        phases[name] = (t0, time.monotonic())
+
+    with Probe(server.url, SHORT, stream=True) as p:
+        phase("alone", 2.0)
+        stop, threads = _reading(server.url, 20)
+        assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 60)
+        phase("readers", STALL_S - 0.5)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert quiet(server.url, 30)
+        stalled_before = metrics(server.url).get("dllm:streams_stalled_total", 0)
+        socks = _stalled(server.url, 20)
+        assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 60)
+        phase("stalled", STALL_S - 0.5)
+        assert wait_for(lambda: metrics(server.url)["dllm:streams_stalled_total"] >= stalled_before + 20, 30)
+        assert quiet(server.url, 20)
+        phase("after", 2.0)
     for s in socks:
         s.close()
+    assert set(p.statuses()) == {200}
+    alone, readers, stalled, after = ([lat for t, lat, _ in p.samples if phases[k][0] <= t <= phases[k][1]]
+                                     for k in ("alone", "readers", "stalled", "after"))
     figures("short streams beside 20 others", alone=ms(alone), beside_20_readers=ms(readers),
             beside_20_stalled_readers=ms(stalled), after_the_20_were_dropped=ms(after))
+    assert all((alone, readers, stalled, after)), phases
     # Medians asserted, p99s recorded: on a shared 2-core machine a p99 of a few dozen samples is
     # whatever the slowest one met.
     assert ms(after)["p50_ms"] <= 2 * ms(alone)["p50_ms"] + 20

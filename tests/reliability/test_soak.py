@@ -1,7 +1,7 @@
 """Soak and overload on one server. Its capacity is measured first (the load generator's search);
 the soak then sends mixed traffic (streams, JSON, streams cancelled mid-way, malformed bodies,
-over-long prompts) at 70 % of it for DLLM_SOAK_S seconds (60 here; `make soak`: 600, on the demo
-model), and the overload 10x capacity for 10 s (30 s in the long form). Figures: outcomes, 5xx, what is left in flight
+over-long prompts) at 70 % of it for DLLM_SOAK_S seconds (30 here; `make soak`: 600, on the demo
+model), and the overload 10x capacity for 6 s (30 s in the long form). Figures: outcomes, 5xx, what is left in flight
 and in the KV pool after, RSS growth after warm-up, refusals, recovery time."""
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from .tools import PROBE, Probe, metrics, ms, quiet, unloaded
 from .rawclient import overload_traffic
 from .traffic import MemorySampler, errors, measure_capacity, mixed_traffic, tally
 
-SOAK_S = float(os.environ.get("DLLM_SOAK_S", "60"))
+# CI: 30 s (the whole suite must stay within about 3 minutes); the long form 600 s.
+SOAK_S = float(os.environ.get("DLLM_SOAK_S", "30"))
 LONG = SOAK_S > 120
-OVERLOAD_S = 30.0 if LONG else 10.0
+OVERLOAD_S = 30.0 if LONG else 6.0
 # Room for the bursts of a Poisson soak on a shared machine (whose capacity moves with its load)
 # without a 503, small enough that 10x capacity reaches it within a second.
 QUEUE_CAP = 256
@@ -70,14 +71,19 @@ def test_soak_mixed_traffic_at_70_percent_of_capacity(soaked, figures):
 @pytest.mark.timeout(OVERLOAD_S + 240)
 def test_overload_at_10x_capacity(soaked, figures):
     s, base, cap, _ = soaked
-    rate = 10 * cap["capacity_req_s"]
+    # At least 10x: the search's answer moves with the machine's load of the moment (4.2 req/s in one
+    # run whose server then served 40), the burst's throughput bounds it from the other side.
+    rate = 10 * max(cap["capacity_req_s"], cap["burst_req_s"])
+    # Long enough for the excess arrivals (9x capacity) to fill the queue twice over, even where
+    # this moment's capacity is low.
+    duration = OVERLOAD_S if LONG else max(OVERLOAD_S, 2 * QUEUE_CAP / (0.9 * rate))
     probe_body = {**PROBE, "max_tokens": 32, "ignore_eos": True}
     with MemorySampler(s.pid, every_s=0.5) as mem, Probe(s.url, probe_body) as probe:
         t0 = time.monotonic()
-        outcomes = asyncio.run(overload_traffic(s.url, rate, OVERLOAD_S))
-        arrivals_end = t0 + OVERLOAD_S
+        outcomes = asyncio.run(overload_traffic(s.url, rate, duration))
+        arrivals_end = t0 + duration
         drained = time.monotonic() - arrivals_end
-        time.sleep(3)
+        time.sleep(2)
     # Recovered: the first probe request sent after the arrivals ended that is served within 2x
     # its unloaded latency; the seconds from the arrivals' end to its answer.
     normal = [t + lat for t, lat, st in probe.samples if t >= arrivals_end and st == 200 and lat <= 2 * base]
@@ -85,7 +91,7 @@ def test_overload_at_10x_capacity(soaked, figures):
     refused = [o for o in outcomes if o.status == 503]
     admitted = [o for o in outcomes if o.status == 200]
     before, peak = mem.samples[0][1], max(x[1] for x in mem.samples)
-    figures("overload", rate_req_s=round(rate, 1), duration_s=OVERLOAD_S, requests=len(outcomes),
+    figures("overload", rate_req_s=round(rate, 1), duration_s=round(duration, 1), requests=len(outcomes),
             outcomes=tally(outcomes), admitted=len(admitted), refused_503=len(refused), queue_cap=QUEUE_CAP,
             client_errors=errors(outcomes), front_rss_mb_before=round(before, 1), front_rss_mb_peak=round(peak, 1),
             last_reply_s_after_arrivals_end=round(drained, 2), recovered_s_after_arrivals_end=recovered,

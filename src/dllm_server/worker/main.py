@@ -19,6 +19,7 @@ from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
 from .build import build_core, startup_profile
 from .kv_transfer import connect_peers
+from .memory import IdleTrim, bound_kernel_caches
 from .turn import take_turn
 
 HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not
@@ -66,6 +67,8 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
         config = dataclasses.replace(config, hang_at_forward=0)
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
+    if device.type == "cpu":
+        bound_kernel_caches(config.cpu_kernel_cache_entries)   # before the first forward
     if device.type == "cuda":
         torch.cuda.set_device(device)
     transfers = spec.world_size > 1
@@ -78,12 +81,14 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
     profile = startup_profile(core, info)
     outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile)])
     iterations = handled = 0
+    trim = IdleTrim(config.malloc_trim_s)
     last_put = time.perf_counter()
     while True:
         turn_start = time.perf_counter()
         if os.getppid() != parent:    # the front died without stopping us (a cheap syscall per turn)
             return
         idle = not core.has_work and not core.transfers_pending
+        trim.turn(busy=not idle)           # just gone idle: hand freed heap back (bounded RSS)
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         handled += len(msgs)
         # Every turn that took a message reports, and a worker with work (even one stalled for
