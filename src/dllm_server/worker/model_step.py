@@ -36,8 +36,8 @@ class StepBlock(Protocol):
 
 @dataclass(slots=True)
 class StepResult:
-    commit: torch.Tensor          # bool [B, K], host: positions committed per block (block-relative)
-    tokens: torch.Tensor          # int64 [B, K], host
+    commit: torch.Tensor | list   # bool [B, K], host: positions committed per block (block-relative);
+    tokens: torch.Tensor | list   # int64 [B, K], host. Row lists serve too (the simulator's stepper)
     forward_s: float
     summary: torch.Tensor | None = None   # float64 [B, F], host: confidence_summary per block
 
