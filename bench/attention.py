@@ -45,7 +45,7 @@ def main() -> None:
           f"median of {a.reps}; torch {torch.__version__}\n")
     print("| batch | per-sequence SDPA (ms) | padded: gather + one SDPA (ms) | one SDPA, no gather (bound, ms) |")
     print("|---|---|---|---|")
-    rows = []
+    rows = {}
     g = torch.Generator().manual_seed(0)
     for b in a.batch:
         slots = (b * n + 1) * 1
@@ -71,7 +71,7 @@ def main() -> None:
         t = [timed(lambda: sdpa_attention(q, k, v, kv, paged), a.reps),
              timed(lambda: padded_attention(q, k, v, kv, padded), a.reps), timed(bound, a.reps)]
         print(f"| {b} | {1e3 * t[0]:.3f} | {1e3 * t[1]:.3f} | {1e3 * t[2]:.3f} |", flush=True)
-        rows.append({"batch": b, "per_sequence_ms": 1e3 * t[0], "padded_ms": 1e3 * t[1], "bound_ms": 1e3 * t[2]})
+        rows.update({f"b{b}_per_sequence_ms": 1e3 * t[0], f"b{b}_padded_ms": 1e3 * t[1], f"b{b}_bound_ms": 1e3 * t[2]})
     print("RESULT " + json.dumps(rows))
 
 

@@ -118,30 +118,26 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
                    batch: AttentionBatch) -> torch.Tensor:
-    """The paged SDPA backend: write each sequence's fresh K/V, attend over its whole canvas.
-    One SDPA call per sequence, on head-major views ([H, L, D]: no per-sequence transposes); a
-    padded batch (keys gathered to one length) measured slower on CPU (bench/attention.py)."""
+    """The paged SDPA backend: write each sequence's fresh K/V, attend over its whole canvas, one
+    SDPA call per sequence (a padded batch, keys gathered to one length, measured 1.5-3x slower
+    on CPU: bench/attention.py)."""
+    out = torch.empty_like(q)
     write_fresh_kv(kv, batch, k, v)
-    out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])          # [H, T, D]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    cache_k, cache_v = kv.k.transpose(0, 1), kv.v.transpose(0, 1)
     for seq in batch.seqs:
-        lo, hi = seq.q_start, seq.q_start + seq.q_len
+        rows = slice(seq.q_start, seq.q_start + seq.q_len)
         if seq.pos_start == 0 and seq.q_len == seq.kv_len:
-            keys, values = kh[:, lo:hi], vh[:, lo:hi]               # full canvas fed: no need to read back
-        elif seq.slot_ids is None:
-            keys = cache_k[:, seq.slot_base: seq.slot_base + seq.kv_len]
-            values = cache_v[:, seq.slot_base: seq.slot_base + seq.kv_len]
+            keys, values = k[rows], v[rows]          # full canvas fed: no need to read back
         else:
-            keys, values = _read(kv.k, seq).transpose(0, 1), _read(kv.v, seq).transpose(0, 1)
+            keys, values = _read(kv.k, seq), _read(kv.v, seq)
         mask = None
         if batch.causal:
             qpos = torch.arange(seq.pos_start, seq.pos_start + seq.q_len, device=q.device).unsqueeze(1)
             mask = torch.arange(seq.kv_len, device=q.device).unsqueeze(0) <= qpos
-        # 4-D: the CPU flash kernel takes only batched input (3-D falls back to the math path)
-        out[:, lo:hi] = F.scaled_dot_product_attention(qh[None, :, lo:hi], keys[None], values[None], attn_mask=mask,
-                                                       enable_gqa=True)[0]
-    return out.transpose(0, 1)
+        o = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)
+        out[rows] = o.squeeze(0).transpose(0, 1)
+    return out
 
 
 def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
