@@ -2,7 +2,9 @@
 
 mp.Queue hands every put to a feeder thread in the writing process; at batch 1 the GIL handoffs
 between a worker's loop and that thread (on the put's notify and on the next inbox poll) took
-about 17 % of the worker's time, about 0.7 ms per denoising step (py-spy, docs/benchmarks.md §8).
+about 17 % of the worker's time (py-spy). With this pipe and the reader's SCHED_BATCH
+(engine/worker_pool.py) the served path's extra cost per step fell from 0.75 to 0.49 ms
+(docs/benchmarks.md §8).
 Here the loop pickles (a few hundred bytes per step) and writes itself. Serialisation is
 mp.Queue's (ForkingPickler: tensors travel as shared memory). The front closes its copy of the
 write end once the worker runs, so a worker's death (even mid-message) ends the reader's read.

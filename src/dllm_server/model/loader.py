@@ -39,9 +39,10 @@ def available_memory_bytes() -> int:
 
 def resolve_dtype(requested: str, cfg: dict, device: torch.device, weight_bytes: int = 0) -> torch.dtype:
     """`auto`: the checkpoint's dtype, except on a CPU, where half-precision checkpoints run in
-    float32: fp16 matmuls there are slow and lossy, and bf16 ones ran 2.6x slower than fp32 on
-    our AVX-512 CPUs (docs/benchmarks.md §8). A bf16 checkpoint whose fp32 copy would take more
-    than half the available memory stays bf16 (`--dtype` overrides either way)."""
+    float32: fp16 matmuls there are slow and lossy, and bf16 ones reached about half the fp32
+    rate on our AVX-512 CPUs (a bf16 serving run: 24 % more forward time; docs/benchmarks.md §8).
+    A bf16 checkpoint whose fp32 copy would take more than half the available memory stays bf16
+    (`--dtype` overrides either way)."""
     if requested != "auto":
         return DTYPES[requested]
     dtype = DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
