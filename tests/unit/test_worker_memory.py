@@ -1,35 +1,24 @@
 """A worker's memory stays flat (worker/memory.py): oneDNN's per-shape kernel caches bounded, and
 the heap trimmed when the worker goes idle."""
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from dllm_server.config import ServerConfig
 from dllm_server.worker.memory import KERNEL_CACHE_ENV, IdleTrim, bound_kernel_caches
 
-# bf16 matmuls of 600 distinct token counts, as a worker's packed batches of mixed traffic are;
-# prints the RSS growth (MB) after the first 150 (when a bounded cache is full).
-MANY_SHAPES = """
-import random, sys, torch, torch.nn.functional as F
-from dllm_server.worker.memory import bound_kernel_caches
-bound_kernel_caches(int(sys.argv[1]))
-torch.set_num_threads(1)
-def rss():
-    return next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
-w = torch.randn(704, 256, dtype=torch.bfloat16)
-shapes = list(range(1, 601))
-random.Random(0).shuffle(shapes)
-for i, t in enumerate(shapes):
-    F.linear(torch.randn(t, 256, dtype=torch.bfloat16), w)
-    if i == 150:
-        r0 = rss()
-print(rss() - r0)
-"""
+# bf16 matmuls of 600 distinct token counts, as a worker's packed batches of mixed traffic are:
+# the benchmark's own script (bench/worker_memory.py), which prints the RSS growth after the first
+# 150 (when a bounded cache is full).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from worker_memory import MATMULS  # noqa: E402
 
 
 def growth_mb(entries: int) -> float:
-    out = subprocess.run([sys.executable, "-c", MANY_SHAPES, str(entries)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", MATMULS, str(entries)], capture_output=True, text=True,
                          timeout=300, check=True)
-    return float(out.stdout.split()[-1])
+    return json.loads(out.stdout.splitlines()[-1])["growth_mb"]
 
 
 def test_bounded_kernel_caches_keep_bf16_matmuls_of_many_shapes_flat():
