@@ -184,16 +184,11 @@ class ServerConfig:
         for name in ("body_read_timeout_s", "stream_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 bad(name, f"must be > 0, got {getattr(self, name)}")
-        if self.socket_send_buffer_bytes < 0:
-            bad("socket_send_buffer_bytes", f"must be >= 0 (0: autotuned), got {self.socket_send_buffer_bytes}")
-        if self.worker_stall_timeout_s < 0:
-            bad("worker_stall_timeout_s", f"must be >= 0 (0: off), got {self.worker_stall_timeout_s}")
-        if self.hang_at_forward < 0:
-            bad("hang_at_forward", f"must be >= 0, got {self.hang_at_forward}")
-        if self.cpu_kernel_cache_entries < 0:
-            bad("cpu_kernel_cache_entries", f"must be >= 0 (0: library defaults), got {self.cpu_kernel_cache_entries}")
-        if self.worker_malloc_trim_s < 0:
-            bad("worker_malloc_trim_s", f"must be >= 0 (0: never), got {self.worker_malloc_trim_s}")
+        for name, zero in (("socket_send_buffer_bytes", " (0: autotuned)"), ("worker_stall_timeout_s", " (0: off)"),
+                           ("hang_at_forward", ""), ("cpu_kernel_cache_entries", " (0: library defaults)"),
+                           ("worker_malloc_trim_s", " (0: never)")):
+            if getattr(self, name) < 0:
+                bad(name, f"must be >= 0{zero}, got {getattr(self, name)}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:
