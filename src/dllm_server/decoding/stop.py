@@ -77,9 +77,8 @@ class AnswerMarks:
         return self.first_stop if self.first_stop < max_tokens else min(max_tokens, len(self.answer))
 
     def is_final(self, max_tokens: int) -> bool:
-        """True when nothing the client can see is still masked (visible_len, inlined: per row and step)."""
-        n = self.first_stop if self.first_stop < max_tokens else min(max_tokens, len(self.answer))
-        return self.first_mask >= n
+        """True when nothing the client can see is still masked."""
+        return self.first_mask >= self.visible_len(max_tokens)
 
     def any_masked(self, start: int, end: int) -> bool:
         """Is a position of canvas[start:end] (in the answer) still masked?"""

@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear
+from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -53,7 +53,7 @@ class DreamMLP(Projections):
         self.gate_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
-        self.init_projections((a.num_heads, a.num_kv_heads, a.head_dim))
+        self.init_projections()
 
     def forward(self, x):
         return self.gated_mlp(x)
@@ -85,9 +85,7 @@ class DreamModel(nn.Module):
         self.rotary = Rotary(a.head_dim, a.rope_theta, a.max_len)
 
     def fuse_projections(self) -> None:
-        for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+        fuse_layers(self)
         if not self.args.tie_embeddings:
             self.lm_head = ServingLinear(self.lm_head, rows=self.args.vocab_size)
 

@@ -58,8 +58,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 class ServingLinear(nn.Module):
     """One or more Linears side by side (outputs concatenated), as x @ W^T with W^T stored
-    contiguous. At the few-row shapes of block steps (32 rows) MKL runs this 10-30 % faster than
-    F.linear's transposed weight, and a row's result does not depend on how many rows the call
+    contiguous. At the few-row shapes of block steps (8-64 rows) MKL ran this 10-80 % faster than
+    F.linear's transposed weight here (docs/benchmarks.md §8), and a row's result does not depend on how many rows the call
     has from 2 rows up (F.linear's differs below 10 rows): batch invariance. Serving only: no grad."""
 
     def __init__(self, *linears: nn.Linear, rows: int | None = None):
@@ -79,10 +79,10 @@ class Projections(nn.Module):
     `names` maps roles (q, k, v, o, gate, up, down) to attributes."""
     names: dict[str, str] = {}
 
-    def init_projections(self, shape: tuple[int, int, int]) -> None:
-        self.shape = shape            # (heads, kv heads, head dim)
-        self.qkv: nn.Linear | None = None
-        self.gate_up: nn.Linear | None = None
+    def init_projections(self, shape: tuple[int, int, int] | None = None) -> None:
+        self.shape = shape            # (heads, kv heads, head dim): layers with q/k/v only
+        self.qkv: ServingLinear | None = None
+        self.gate_up: ServingLinear | None = None
 
     def fuse(self) -> None:
         n = self.names
@@ -117,3 +117,10 @@ class Projections(nn.Module):
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
         return getattr(self, n["down"])(F.silu(gate) * up)
+
+
+def fuse_layers(model: nn.Module) -> None:
+    """Every layer's projections fused (Projections.fuse); the caller handles its head."""
+    for m in list(model.modules()):
+        if isinstance(m, Projections):
+            m.fuse()

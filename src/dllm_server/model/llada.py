@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear
+from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -67,8 +67,7 @@ class LLaDAModelLM(nn.Module):
 
     def fuse_projections(self) -> None:
         t = self.model.transformer
-        for block in t["blocks"]:
-            block.fuse()
+        fuse_layers(self)
         if not self.args.tie_embeddings:     # the head without its padding rows (never sampled)
             t["ff_out"] = ServingLinear(t["ff_out"], rows=self.args.vocab_size)
 

@@ -295,9 +295,9 @@ class WorkerCore:
             return []
         chosen = set(decision.admitted)
         admitted = [t for t in waiting if t.request_id in chosen]
-        if len(admitted) == len(waiting) or (admitted and waiting[len(admitted) - 1] is admitted[-1]):
+        if waiting[len(admitted) - 1] is admitted[-1]:
             del self.waiting[: len(admitted)]          # the usual case: a prefix
-        elif admitted:
+        else:
             self.waiting = [k for k in self.waiting if k[2] not in chosen]
         for t in admitted:
             t.phase = PREFILL

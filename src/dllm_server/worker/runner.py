@@ -81,7 +81,7 @@ class ModelRunner:
         # Positions, cache slots and logit rows gathered as int64 arrays, one tensor each: a few
         # host ops per iteration instead of several per item (torch.tensor(list) is 3x slower).
         pos, rows, slots = array("q"), array("q"), array("q")
-        ids, seqs, paged = [], [], []
+        ids, seqs = [], []
         q_start = 0
         for it in items:
             n = it.fed_end - it.fed_start
@@ -91,21 +91,17 @@ class ModelRunner:
             a = it.alloc   # slots from the host page list: no device-to-host read of slot_ids
             if a.slot_ids is None:
                 slots.extend(range(a.slot_base + it.fed_start, a.slot_base + it.fed_end))
-            else:                        # filled in below, vectorised
-                paged.append((len(slots), a.pages, it.fed_start, it.fed_end))
-                slots.extend(fed)
+            else:
+                slots.extend(a.pages[p // page] * page + p % page for p in fed)
             first = q_start + (it.block_start - shift - it.fed_start)
             # clamped: a window fed from its block start predicts the first position from its own output
             rows.extend(max(r, q_start) for r in range(first, first + it.block_end - it.block_start))
             seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), a.slot_base, a.slot_ids, a.pages))
             q_start += n
-        slot_t = torch.frombuffer(slots, dtype=torch.int64)
-        for at, pages, lo, hi in paged:
-            fed = slot_t[at: at + hi - lo]
-            slot_t[at: at + hi - lo] = torch.tensor(pages, dtype=torch.int64)[fed // page] * page + fed % page
-        logits = self.model(torch.cat(ids).to(self.device), torch.frombuffer(pos, dtype=torch.int64).to(self.device),
-                            AttentionBatch(seqs, self.causal, self.attention, layer_done, slot_t.to(self.device)),
-                            self.pool.layers, torch.frombuffer(rows, dtype=torch.int64).to(self.device))
+        dev = lambda a: torch.frombuffer(a, dtype=torch.int64).to(self.device)   # noqa: E731
+        logits = self.model(torch.cat(ids).to(self.device), dev(pos),
+                            AttentionBatch(seqs, self.causal, self.attention, layer_done, dev(slots)),
+                            self.pool.layers, dev(rows))
         logits = logits[:, : self.args.vocab_size].float()
         widths = [it.block_end - it.block_start for it in items]
         width = max(widths)
