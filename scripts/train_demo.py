@@ -90,8 +90,13 @@ class Rows:
         return torch.stack(xs), torch.stack(ms)
 
 
-def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: torch.Generator):
-    """LLaDA's loss, normalised per row by its maskable length; logits for masked rows only."""
+def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: torch.Generator,
+             certainty: float = 0.0, certain_rows: torch.Tensor | None = None):
+    """LLaDA's loss, normalised per row by its maskable length; logits for masked rows only.
+
+    `certainty` > 0 adds certainty forcing (dParallel, arXiv 2509.26488; scripts/distill_demo.py):
+    that weight times the mean entropy of the masked positions of `certain_rows` (bool per batch
+    row) whose argmax is already the target, pushing the model to be sure where it is right."""
     b, length = x.shape
     t = torch.rand(b, 1, generator=gen)
     p = (1 - EPS) * t + EPS
@@ -104,7 +109,14 @@ def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: 
     ce = F.cross_entropy(logits.float(), x.reshape(-1)[rows], reduction="none")
     weight = (1.0 / p.expand(b, length)).reshape(-1)[rows]
     denom = maskable.sum(dim=1, keepdim=True).expand(b, length).reshape(-1)[rows].float()
-    return (ce * weight / denom).sum() / b
+    loss = (ce * weight / denom).sum() / b
+    if certainty > 0 and certain_rows is not None:
+        logp = logits.float().log_softmax(-1)
+        right = (logp.argmax(-1) == x.reshape(-1)[rows]) & certain_rows[:, None].expand(b, length).reshape(-1)[rows]
+        if right.any():
+            ent = -(logp[right].exp() * logp[right]).sum(-1)
+            loss = loss + certainty * ent.mean()
+    return loss
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:

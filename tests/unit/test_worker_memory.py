@@ -60,3 +60,42 @@ def test_glibc_malloc_trim_runs_here():
         return
     t.turn(busy=True)
     assert t.turn(busy=False) and t.count == 1
+
+
+# A forward's activations in miniature: a layer's worth of 1-6 MB buffers alive at once, then
+# freed. Afterwards glibc either holds the freed bytes for reuse (mallinfo2's fordblks) or has
+# handed them back to the OS, to be page-faulted in again by the next forward. (Fault counts
+# themselves vary with transparent huge pages; what the heap holds does not.)
+HELD = """
+import ctypes, sys, torch
+from dllm_server.worker.memory import hold_freed_memory
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+held = hold_freed_memory(int(sys.argv[1]))
+for _ in range(3):
+    live = [torch.ones((k % 6 + 1) << 18) for k in range(12)]
+    del live
+print(held, mallinfo2().fordblks / 2**20)
+"""
+
+
+def freed_mb_held(mb: int) -> tuple[bool, float]:
+    out = subprocess.run([sys.executable, "-c", HELD, str(mb)], capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    return out[0] == "True", float(out[1])
+
+
+def test_held_freed_memory_keeps_activations_for_reuse():
+    mb = ServerConfig().cpu_malloc_hold_mb
+    assert ServerConfig().worker_config().malloc_hold_mb == mb > 0
+    try:
+        _, default = freed_mb_held(0)
+    except subprocess.CalledProcessError:              # no glibc mallinfo2: nothing to check here
+        return
+    held, kept = freed_mb_held(mb)
+    assert held
+    assert default < 10, f"glibc now keeps {default:.0f} MB of freed activations by itself: still needed?"
+    assert kept > 30, (kept, default)                  # the 42 MB a turn frees, less what small bins hold

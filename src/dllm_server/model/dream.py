@@ -68,8 +68,8 @@ class DreamLayer(nn.Module):
         self.mlp = DreamMLP(a)
 
     def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = self.self_attn(self.input_layernorm(h), cos, sin, kv, batch).add_(h)   # in place: same bits
+        return self.mlp(self.post_attention_layernorm(h)).add_(h)
 
 
 class DreamModel(nn.Module):

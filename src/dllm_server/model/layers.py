@@ -116,7 +116,7 @@ class Projections(nn.Module):
             gate, up = getattr(self, n["gate"])(x), getattr(self, n["up"])(x)
         else:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return getattr(self, n["down"])(F.silu(gate) * up)
+        return getattr(self, n["down"])(F.silu(gate).mul_(up))
 
 
 def fuse_layers(model: nn.Module) -> None:

@@ -47,8 +47,8 @@ class LLaDABlock(Projections):
 
     def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
         q, k, v = self.project_qkv(self.attn_norm(h), cos, sin)
-        h = h + self.attn_out(attend(q, k, v, kv, batch).flatten(1))
-        return h + self.gated_mlp(self.ff_norm(h))
+        h = self.attn_out(attend(q, k, v, kv, batch).flatten(1)).add_(h)   # residuals in place on
+        return self.gated_mlp(self.ff_norm(h)).add_(h)                     # fresh outputs: same bits
 
 
 class LLaDAModelLM(nn.Module):

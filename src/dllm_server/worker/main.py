@@ -19,7 +19,7 @@ from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
 from .build import build_core, startup_profile
 from .kv_transfer import connect_peers
-from .memory import IdleTrim, bound_kernel_caches
+from .memory import IdleTrim, bound_kernel_caches, hold_freed_memory
 from .turn import take_turn
 
 HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not
@@ -69,6 +69,7 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
     device = torch.device(spec.device)
     if device.type == "cpu":
         bound_kernel_caches(config.cpu_kernel_cache_entries)   # before the first forward
+        hold_freed_memory(config.malloc_hold_mb)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     transfers = spec.world_size > 1

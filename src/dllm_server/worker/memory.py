@@ -10,6 +10,12 @@ the worker's first forward. The hot shapes (decode batches) repeat and stay cach
 
 What remains is heap fragmentation from activations of varying sizes: freed, but held by glibc
 malloc. An idle worker hands it back with malloc_trim, at most every `interval_s`.
+
+While it works, the opposite is wanted: glibc serves every allocation above its mmap threshold
+(128 KB at first) with a fresh mapping and gives freed heap tops back to the OS above its trim
+threshold, so each forward's activations were page-faulted in anew: about 4,500 faults and 5-10 %
+of a batch-32 forward of the demo model (docs/benchmarks.md §9). `hold_freed_memory` raises both
+thresholds, so freed activations are reused; the idle trim still returns them.
 """
 from __future__ import annotations
 
@@ -29,6 +35,24 @@ def bound_kernel_caches(entries: int, environ=os.environ) -> None:
     if entries > 0:
         for name in KERNEL_CACHE_ENV:
             environ[name] = str(entries)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3       # glibc's mallopt parameters (malloc.h)
+MMAP_THRESHOLD_MAX = 32 << 20                     # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+
+
+def hold_freed_memory(mb: int) -> bool:
+    """Let glibc keep up to `mb` MB of freed memory for reuse (0: leave its defaults). True when set;
+    False where there is no glibc mallopt."""
+    if mb <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    size = mb << 20
+    return bool(mallopt(M_TRIM_THRESHOLD, size)) and bool(mallopt(M_MMAP_THRESHOLD, min(size, MMAP_THRESHOLD_MAX)))
 
 
 def glibc_malloc_trim() -> Callable[[], None] | None:
