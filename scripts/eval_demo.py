@@ -77,7 +77,9 @@ class EnglishWords:
         return self._known(w) or all(p in PIECES or self._known(p) for p in w.split("'") if p)
 
 
-def evaluate(model: str | None, prompts: list[str], threads: int = 1) -> dict:
+def evaluate(model: str | None, prompts: list[str], threads: int = 1, threshold: float | None = None) -> dict:
+    """The figures at the server's defaults; `threshold` overrides the confidence threshold per
+    request (as a client's `threshold` field would)."""
     from dllm_server import LLM
     from dllm_server.api.protocol import ChatCompletionRequest
     from dllm_server.checkpoint import model_path
@@ -86,7 +88,7 @@ def evaluate(model: str | None, prompts: list[str], threads: int = 1) -> dict:
 
     torch.set_num_threads(threads)
     llm = LLM(model)
-    requests = [ChatCompletionRequest(messages=[{"role": "user", "content": p}]) for p in prompts]
+    requests = [ChatCompletionRequest(messages=[{"role": "user", "content": p}], threshold=threshold) for p in prompts]
     params = [r.sampling_params(llm.config.default_chat_max_tokens) for r in requests]
     outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     answers = [o.text.strip() for o in outs]
@@ -101,7 +103,8 @@ def evaluate(model: str | None, prompts: list[str], threads: int = 1) -> dict:
     return {
         "model": str(path),
         "defaults": {"max_tokens": p0.max_tokens, "temperature": p0.temperature,
-                     "block_length": llm.config.block_length, "threshold": llm.config.threshold,
+                     "block_length": llm.config.block_length,
+                     "threshold": llm.config.threshold if threshold is None else threshold,
                      "cache": llm.config.cache, "dtype": str(next(llm.runner.model.parameters()).dtype).removeprefix("torch.")},
         "median_answer_words": statistics.median(len(ws) for ws in words),
         "distinct_answers": len(set(answers)),
@@ -123,8 +126,9 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(PROMPTS))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the figures and answers here")
+    ap.add_argument("--threshold", type=float, help="confidence threshold per request (default: the server's)")
     args = ap.parse_args()
-    r = evaluate(args.model, load_prompts(Path(args.prompts)), args.threads)
+    r = evaluate(args.model, load_prompts(Path(args.prompts)), args.threads, args.threshold)
     print(f"model: {r['model']}")
     print("defaults:", ", ".join(f"{k} {v}" for k, v in r["defaults"].items()))
     print()
