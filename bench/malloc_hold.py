@@ -19,19 +19,12 @@ CHILD = """
 import json, resource, statistics, sys, time, torch
 from dllm_server.worker.memory import hold_freed_memory
 held = hold_freed_memory(int(sys.argv[1]))
+sys.path.insert(0, "bench")
+from common import decode_step_items
 from dllm_server import LLM
-from dllm_server.worker.runner import ForwardItem, fed_range
 torch.set_num_threads(1)
 llm = LLM(sys.argv[2] or None, dtype="float32")
-core, a = llm.core, llm.args
-items = []
-for b in range(32):
-    canvas = torch.full((224,), a.mask_id, dtype=torch.int64)
-    canvas[:96] = 65 + b % 26
-    alloc = core.pool.allocate(f"p{b}", 224)
-    lo, hi = fed_range("dual", False, 96, 128, 224, a.logit_shift)
-    llm.runner.forward([ForwardItem(canvas, alloc, 0, 224, 96, 128)])
-    items.append(ForwardItem(canvas, alloc, lo, hi, 96, 128))
+items = decode_step_items(llm, 32)
 for _ in range(5):
     llm.runner.forward(items)
 f0, ts = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
-from common import iteration_trace, model_info, poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
+from common import decode_step_items, iteration_trace, model_info, poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
 
 MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
     "decode-heavy": ([24, 48, 64], [96, 128, 160]),
@@ -181,18 +181,9 @@ def profile_decode_step(base: ServerConfig, batch: int = 32) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from dllm_server import LLM
-    from dllm_server.worker.runner import ForwardItem, fed_range
     torch.set_num_threads(base.threads_per_worker or 1)
     llm = LLM(base.model, dtype=base.dtype)
-    core, a = llm.core, llm.args
-    items = []
-    for b in range(batch):
-        canvas = torch.full((224,), a.mask_id, dtype=torch.int64)
-        canvas[:96] = 65 + b % 26
-        alloc = core.pool.allocate(f"p{b}", 224)
-        lo, hi = fed_range("dual", False, 96, 128, 224, a.logit_shift)
-        llm.runner.forward([ForwardItem(canvas, alloc, 0, 224, 96, 128)])
-        items.append(ForwardItem(canvas, alloc, lo, hi, 96, 128))
+    items = decode_step_items(llm, batch)
     for _ in range(3):
         llm.runner.forward(items)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
