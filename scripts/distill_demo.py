@@ -107,6 +107,8 @@ def main(argv=None) -> None:
     ap.add_argument("--certainty", type=float, default=0.5, help="weight of the entropy term (0: plain self-distillation)")
     ap.add_argument("--teacher-temperature", type=float, default=0.0, help="sample the teacher's answers (0: greedy)")
     ap.add_argument("--max-per-answer", type=int, default=0, help="teacher rows kept per distinct answer (0: all)")
+    ap.add_argument("--certainty-on-chat", action="store_true",
+                    help="the entropy term also on the pretraining chat rows (real replies)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=192)
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -132,11 +134,13 @@ def main(argv=None) -> None:
     mask_id = cfg["mask_token_id"]
 
     teacher_file = out / "teacher.pt"
-    if not teacher_file.is_file():
+    if args.teacher_share > 0 and not teacher_file.is_file():
         t = teacher_rows(init, train_texts, args.teacher_cues, args.seq_len, args.seed, ids, args.threads,
                          args.teacher_temperature, args.max_per_answer)
         torch.save(t, teacher_file)
-    teacher = torch.load(teacher_file)
+    teacher = (torch.load(teacher_file) if args.teacher_share > 0 else
+               {"rows": torch.zeros(0, args.seq_len, dtype=torch.int64), "starts": torch.zeros(0, dtype=torch.int64),
+                "samples": [], "stats": {}})
     print(json.dumps({"teacher": teacher["stats"], "samples": teacher["samples"][:5]}), flush=True)
     torch.set_num_threads(args.threads)
 
@@ -178,11 +182,13 @@ def main(argv=None) -> None:
         for g in opt.param_groups:
             g["lr"] = T.lr_at(step, args.steps, args.lr, args.warmup)
         x, maskable = rows.batch(args.batch - n_teacher, args.chat_share)
-        j = torch.randint(len(starts), (n_teacher,), generator=pick)
-        tx = teacher["rows"][j]
-        tm = torch.arange(args.seq_len)[None, :] >= starts[j][:, None]
-        x, maskable = torch.cat([x, tx]), torch.cat([maskable, tm])
-        certain = torch.arange(args.batch) >= args.batch - n_teacher
+        if n_teacher:
+            j = torch.randint(len(starts), (n_teacher,), generator=pick)
+            tm = torch.arange(args.seq_len)[None, :] >= starts[j][:, None]
+            x, maskable = torch.cat([x, teacher["rows"][j]]), torch.cat([maskable, tm])
+        n_rest = args.batch - n_teacher       # Rows.batch: text windows first, then its chat rows
+        first = n_rest - round(n_rest * args.chat_share) if args.certainty_on_chat else n_rest
+        certain = torch.arange(args.batch) >= first
         model.train()
         loss = T.mdm_loss(model, x, maskable, mask_id, gen, args.certainty, certain)
         opt.zero_grad(set_to_none=True)
