@@ -77,6 +77,8 @@ def teacher_rows(init: Path, train_texts: list[str], n: int, seq_len: int, seed:
     stats = {"cues": len(cues), "rows": len(rows), "distinct_answers": len({a for _, a in kept}),
              "generate_s": round(time.perf_counter() - t0, 1),
              "positions_per_forward": sum(o.stats.num_committed for o in outs) / max(1, sum(o.stats.num_forwards for o in outs))}
+    if not rows:
+        raise SystemExit("teacher: no answer ended within --seq-len; nothing to distil")
     return {"rows": torch.tensor(rows, dtype=torch.int64), "starts": torch.tensor(starts, dtype=torch.int64),
             "samples": kept[:20], "stats": stats}
 
@@ -134,13 +136,17 @@ def main(argv=None) -> None:
     mask_id = cfg["mask_token_id"]
 
     teacher_file = out / "teacher.pt"
+    made_by = {k: getattr(args, k) for k in ("init", "teacher_cues", "seq_len", "seed", "teacher_temperature",
+                                              "max_per_answer")}
     if args.teacher_share > 0 and not teacher_file.is_file():
         t = teacher_rows(init, train_texts, args.teacher_cues, args.seq_len, args.seed, ids, args.threads,
                          args.teacher_temperature, args.max_per_answer)
-        torch.save(t, teacher_file)
+        torch.save(t | {"made_by": made_by}, teacher_file)
     teacher = (torch.load(teacher_file) if args.teacher_share > 0 else
                {"rows": torch.zeros(0, args.seq_len, dtype=torch.int64), "starts": torch.zeros(0, dtype=torch.int64),
                 "samples": [], "stats": {}})
+    if teacher.get("made_by", made_by) != made_by:
+        raise SystemExit(f"{teacher_file} was made with {teacher['made_by']}, not {made_by}: use another --out")
     print(json.dumps({"teacher": teacher["stats"], "samples": teacher["samples"][:5]}), flush=True)
     torch.set_num_threads(args.threads)
 

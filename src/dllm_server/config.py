@@ -127,8 +127,8 @@ class ServerConfig:
                                      "(glibc malloc_trim) at most this often; 0: never")
     cpu_malloc_hold_mb: int = _f(128, "CPU workers: glibc keeps up to this many MB of freed activations for reuse "
                                  "(its mmap and trim thresholds) instead of page-faulting fresh memory every "
-                                 "forward (5-10 percent of a loaded forward here); the idle trim still returns it. "
-                                 "0: glibc's defaults")
+                                 "forward (up to 17 percent of a loaded forward here); the idle trim still returns "
+                                 "it. 0: glibc's defaults; at most 2047")
     # --- testing only ---
     causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
     fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")
@@ -193,6 +193,8 @@ class ServerConfig:
                            ("worker_malloc_trim_s", " (0: never)"), ("cpu_malloc_hold_mb", " (0: glibc's defaults)")):
             if getattr(self, name) < 0:
                 bad(name, f"must be >= 0{zero}, got {getattr(self, name)}")
+        if self.cpu_malloc_hold_mb > 2047:      # glibc's thresholds are C ints
+            bad("cpu_malloc_hold_mb", f"must be <= 2047, got {self.cpu_malloc_hold_mb}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dllm_server.config import ServerConfig
 from dllm_server.worker.memory import KERNEL_CACHE_ENV, IdleTrim, bound_kernel_caches
 
@@ -91,6 +93,9 @@ def freed_mb_held(mb: int) -> tuple[bool, float]:
 def test_held_freed_memory_keeps_activations_for_reuse():
     mb = ServerConfig().cpu_malloc_hold_mb
     assert ServerConfig().worker_config().malloc_hold_mb == mb > 0
+    for bad in (-1, 2048):                             # glibc's thresholds are C ints
+        with pytest.raises(ValueError, match="cpu_malloc_hold_mb"):
+            ServerConfig(cpu_malloc_hold_mb=bad)
     try:
         _, default = freed_mb_held(0)
     except subprocess.CalledProcessError:              # no glibc mallinfo2: nothing to check here

@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers
+from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers, residual
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -68,8 +68,8 @@ class DreamLayer(nn.Module):
         self.mlp = DreamMLP(a)
 
     def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
-        h = self.self_attn(self.input_layernorm(h), cos, sin, kv, batch).add_(h)   # in place: same bits
-        return self.mlp(self.post_attention_layernorm(h)).add_(h)
+        h = residual(self.self_attn(self.input_layernorm(h), cos, sin, kv, batch), h)
+        return residual(self.mlp(self.post_attention_layernorm(h)), h)
 
 
 class DreamModel(nn.Module):

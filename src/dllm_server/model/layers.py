@@ -49,6 +49,12 @@ class Rotary(nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
+def residual(y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """h + y, in place on the fresh output y when both have one dtype (the same bits: a + b == b + a);
+    out of place when they differ (bf16 autocast in training: the sum stays in h's wider dtype)."""
+    return y.add_(h) if y.dtype == h.dtype else h + y
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim]; `sin` carries rotate_half's sign (Rotary.tables)."""
     half = x.shape[-1] // 2

@@ -10,7 +10,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers
+from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers, residual
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -47,8 +47,8 @@ class LLaDABlock(Projections):
 
     def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
         q, k, v = self.project_qkv(self.attn_norm(h), cos, sin)
-        h = self.attn_out(attend(q, k, v, kv, batch).flatten(1)).add_(h)   # residuals in place on
-        return self.gated_mlp(self.ff_norm(h)).add_(h)                     # fresh outputs: same bits
+        h = residual(self.attn_out(attend(q, k, v, kv, batch).flatten(1)), h)
+        return residual(self.gated_mlp(self.ff_norm(h)), h)
 
 
 class LLaDAModelLM(nn.Module):

@@ -13,9 +13,11 @@ malloc. An idle worker hands it back with malloc_trim, at most every `interval_s
 
 While it works, the opposite is wanted: glibc serves every allocation above its mmap threshold
 (128 KB at first) with a fresh mapping and gives freed heap tops back to the OS above its trim
-threshold, so each forward's activations were page-faulted in anew: about 4,500 faults and 5-10 %
-of a batch-32 forward of the demo model (docs/benchmarks.md §9). `hold_freed_memory` raises both
-thresholds, so freed activations are reused; the idle trim still returns them.
+threshold, so each forward's activations were page-faulted in anew: about 5,000 faults and up to
+17 % of a batch-32 forward of the demo model (docs/benchmarks.md §9). `hold_freed_memory` raises
+both thresholds, so freed activations are reused; the idle trim still returns them. Single
+buffers above 32 MB (glibc's ceiling for the mmap threshold: wide models' MLP activations) are
+still mapped afresh.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def hold_freed_memory(mb: int) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    size = mb << 20
+    size = min(mb << 20, 2**31 - 1)               # mallopt takes a C int
     return bool(mallopt(M_TRIM_THRESHOLD, size)) and bool(mallopt(M_MMAP_THRESHOLD, min(size, MMAP_THRESHOLD_MAX)))
 
 
