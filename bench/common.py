@@ -68,18 +68,19 @@ def worker_pages(engine, wid: int = 0) -> tuple[int, int | None]:
     return w.num_pages, w.report.free_pages if w.report else None
 
 
-def decode_step_items(llm, batch: int = 32, prompt: int = 96, block: int = 32, canvas_len: int = 224) -> list:
-    """The forward items of `batch` dual-cache block steps on an offline LLM's runner (each
-    prompt's prefill run first): what one loaded decode iteration feeds the model."""
+
+def step_items(llm, batch: int, prompt: int, block: int, canvas_len: int, tag: str) -> list:
+    """B canvases whose first block after the prompt is open, their KV filled by a full forward:
+    the forward items of one loaded decode iteration (dual cache)."""
     import torch
     from dllm_server.worker.runner import ForwardItem, fed_range
-    core, a = llm.core, llm.args
+    a, pool = llm.args, llm.core.pool
     items = []
     for b in range(batch):
         canvas = torch.full((canvas_len,), a.mask_id, dtype=torch.int64)
-        canvas[:prompt] = 65 + b % 26
-        alloc = core.pool.allocate(f"p{b}", canvas_len)
-        lo, hi = fed_range("dual", False, prompt, prompt + block, canvas_len, a.logit_shift)
+        canvas[:prompt] = torch.arange(prompt) % 200 + 1 + b
+        alloc = pool.allocate(f"{tag}{b}", canvas_len)
         llm.runner.forward([ForwardItem(canvas, alloc, 0, canvas_len, prompt, prompt + block)])
+        lo, hi = fed_range("dual", False, prompt, prompt + block, canvas_len, llm.core.stepper.lead)
         items.append(ForwardItem(canvas, alloc, lo, hi, prompt, prompt + block))
     return items

@@ -22,7 +22,7 @@ from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from dllm_server.model.tiny import make_tiny_model  # noqa: E402
 from common import model_info  # noqa: E402  (bench/, the script's folder)
-from paper import saturation_share, workload  # noqa: E402
+from paper import linear_params, saturation_share, workload  # noqa: E402
 
 
 async def one(model: str | None, n: int, dtype: str) -> tuple[object, dict]:
@@ -53,9 +53,7 @@ async def main() -> None:
             models.append((f"random LLaDA d={w}", str(path)))
         for name, path in models:
             a, r = await one(path, args.requests, args.dtype)
-            kv = a.num_kv_heads * a.head_dim
-            params = a.num_layers * (2 * a.hidden * a.hidden + 2 * a.hidden * kv + 3 * a.hidden * a.mlp_hidden)
-            print(f"| {name} | {a.hidden} | {a.num_layers} | {params / 1e6:.1f} | {r['iters']} | {r['fed']} | "
+            print(f"| {name} | {a.hidden} | {a.num_layers} | {linear_params(a) / 1e6:.1f} | {r['iters']} | {r['fed']} | "
                   f"{r['forward_s']:.2f} | {r['model_flops'] / 1e9:.1f} | {r['peak'] / 1e9:.1f} | "
                   f"**{100 * r['share']:.0f} %** | {100 * r['linear_share']:.0f} % | {r['tok_s']:.1f} |", flush=True)
 

@@ -18,22 +18,12 @@ import zlib
 
 import torch
 
-from dllm_server import LLM, SamplingParams
-from dllm_server.worker.runner import ForwardItem, fed_range
+import sys
+from pathlib import Path
 
-
-def step_items(llm, batch: int, prompt: int, block: int, canvas_len: int, tag: str) -> list:
-    """B canvases whose first block after the prompt is open, their KV filled by a full forward."""
-    a, pool = llm.args, llm.core.pool
-    items = []
-    for b in range(batch):
-        canvas = torch.full((canvas_len,), a.mask_id, dtype=torch.int64)
-        canvas[:prompt] = torch.arange(prompt) % 200 + 1 + b
-        alloc = pool.allocate(f"{tag}{b}", canvas_len)
-        llm.runner.forward([ForwardItem(canvas, alloc, 0, canvas_len, prompt, prompt + block)])
-        lo, hi = fed_range("dual", False, prompt, prompt + block, canvas_len, llm.core.stepper.lead)
-        items.append(ForwardItem(canvas, alloc, lo, hi, prompt, prompt + block))
-    return items
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_server import LLM, SamplingParams  # noqa: E402
+from common import step_items  # noqa: E402  (bench/, the script's folder)
 
 
 def forward_ms(llm, items, reps: int) -> float:

@@ -20,11 +20,11 @@ import json, resource, statistics, sys, time, torch
 from dllm_server.worker.memory import hold_freed_memory
 held = hold_freed_memory(int(sys.argv[1]))
 sys.path.insert(0, "bench")
-from common import decode_step_items
+from common import step_items
 from dllm_server import LLM
 torch.set_num_threads(1)
 llm = LLM(sys.argv[2] or None, dtype="float32")
-items = decode_step_items(llm, 32)
+items = step_items(llm, 32, 96, 32, 224, "p")
 for _ in range(5):
     llm.runner.forward(items)
 f0, ts = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []

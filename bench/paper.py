@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
-from common import decode_step_items, iteration_trace, model_info, poisson_workload, replay  # noqa: E402  (bench/, the script's folder)
+from common import iteration_trace, model_info, poisson_workload, replay, step_items  # noqa: E402  (bench/, the script's folder)
 
 MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
     "decode-heavy": ([24, 48, 64], [96, 128, 160]),
@@ -119,13 +119,18 @@ def matmul_flops(shapes, threads: int, dtype, repeats: int = 15) -> float:
     return total_f / total_t
 
 
+def linear_params(a) -> int:
+    """Parameters of the layers' projections (what 2 x params x tokens counts)."""
+    kv_dim = a.num_kv_heads * a.head_dim
+    return a.num_layers * (2 * a.hidden * a.hidden + 2 * a.hidden * kv_dim + 3 * a.hidden * a.mlp_hidden)
+
+
 def saturation_flops(a, trace, block: int) -> tuple[float, float, int, int]:
     """(linear FLOPs, attention FLOPs, tokens, iterations) over the loaded iterations (>= 8 seated
     decodes). Linear: 2 x parameters x fed tokens (the head, 2-3 % more, not counted). Attention
     (QK^T and PV): 4 x layers x hidden x query-key pairs; a prefill's pairs are its canvas squared,
     a decode's its fed width (`block`: dual cache, LLaDA) times its canvas."""
-    kv_dim = a.num_kv_heads * a.head_dim
-    params = a.num_layers * (2 * a.hidden * a.hidden + 2 * a.hidden * kv_dim + 3 * a.hidden * a.mlp_hidden)
+    params = linear_params(a)
     loaded = [x for x in trace if x.forward_s > 0 and x.num_active_decodes >= 8]
     tokens = sum(x.iteration_tokens for x in loaded)
     pairs = sum(x.prefill_sq + block * x.decode_keys for x in loaded)
@@ -183,7 +188,7 @@ def profile_decode_step(base: ServerConfig, batch: int = 32) -> None:
     from dllm_server import LLM
     torch.set_num_threads(base.threads_per_worker or 1)
     llm = LLM(base.model, dtype=base.dtype)
-    items = decode_step_items(llm, batch)
+    items = step_items(llm, batch, 96, 32, 224, "p")
     for _ in range(3):
         llm.runner.forward(items)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -111,11 +111,12 @@ def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: 
     denom = maskable.sum(dim=1, keepdim=True).expand(b, length).reshape(-1)[rows].float()
     loss = (ce * weight / denom).sum() / b
     if certainty > 0 and certain_rows is not None:
-        logp = logits.float().log_softmax(-1)
-        right = (logp.argmax(-1) == x.reshape(-1)[rows]) & certain_rows[:, None].expand(b, length).reshape(-1)[rows]
+        target = x.reshape(-1)[rows]
+        right = certain_rows[:, None].expand(b, length).reshape(-1)[rows]
+        right &= logits.argmax(-1) == target
         if right.any():
-            ent = -(logp[right].exp() * logp[right]).sum(-1)
-            loss = loss + certainty * ent.mean()
+            logp = logits[right].float().log_softmax(-1)      # only the rows the term reads
+            loss = loss + certainty * -(logp.exp() * logp).sum(-1).mean()
     return loss
 
 

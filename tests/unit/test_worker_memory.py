@@ -98,8 +98,8 @@ def test_held_freed_memory_keeps_activations_for_reuse():
             ServerConfig(cpu_malloc_hold_mb=bad)
     try:
         _, default = freed_mb_held(0)
-    except subprocess.CalledProcessError:              # no glibc mallinfo2: nothing to check here
-        return
+    except subprocess.CalledProcessError:
+        pytest.skip("no glibc mallinfo2 here: the worker leaves malloc alone")
     held, kept = freed_mb_held(mb)
     assert held
     assert default < 10, f"glibc now keeps {default:.0f} MB of freed activations by itself: still needed?"
