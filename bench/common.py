@@ -13,13 +13,15 @@ from loadgen.run import open_loop
 from loadgen.workload import random_ids
 
 
-def poisson_workload(n: int, rate: float, seed: int, prompt_lens, answer_lens, token_range=(1, 250)) -> list:
-    """[(arrival_s, prompt, params)]: lengths drawn from the given choices, `ignore_eos`, seed i."""
+def poisson_workload(n: int, rate: float, seed: int, prompt_lens, answer_lens, token_range=(1, 250),
+                     offset: int = 0) -> list:
+    """[(arrival_s, prompt, params)]: lengths drawn from the given choices, `ignore_eos`, seed i; ids
+    from `token_range` shifted by `offset` (checkpoint.plain_id_offset_of: past a BPE's specials)."""
     rng = np.random.default_rng(seed)
     offsets = arrival_offsets("poisson", rate, n, rng)
     reqs = []
     for i, at in enumerate(offsets):
-        prompt = random_ids(int(rng.choice(prompt_lens)), rng, token_range[1], token_range[0])
+        prompt = [t + offset for t in random_ids(int(rng.choice(prompt_lens)), rng, token_range[1], token_range[0])]
         reqs.append((float(at), {"prompt_token_ids": prompt},
                      SamplingParams(max_tokens=int(rng.choice(answer_lens)), ignore_eos=True, seed=i)))
     return reqs
@@ -73,12 +75,14 @@ def step_items(llm, batch: int, prompt: int, block: int, canvas_len: int, tag: s
     """B canvases whose first block after the prompt is open, their KV filled by a full forward:
     the forward items of one loaded decode iteration (dual cache)."""
     import torch
+    from dllm_server.model.args import plain_id_offset
     from dllm_server.worker.runner import ForwardItem, fed_range
     a, pool = llm.args, llm.core.pool
+    first = 1 + plain_id_offset(a.mask_id, a.eos_id)
     items = []
     for b in range(batch):
         canvas = torch.full((canvas_len,), a.mask_id, dtype=torch.int64)
-        canvas[:prompt] = torch.arange(prompt) % 200 + 1 + b
+        canvas[:prompt] = torch.arange(prompt) % 200 + first + b
         alloc = pool.allocate(f"{tag}{b}", canvas_len)
         llm.runner.forward([ForwardItem(canvas, alloc, 0, canvas_len, prompt, prompt + block)])
         lo, hi = fed_range("dual", False, prompt, prompt + block, canvas_len, llm.core.stepper.lead)

@@ -31,7 +31,7 @@ async def one(model: str | None, n: int, dtype: str) -> tuple[object, dict]:
     await engine.start()
     a = model_info(engine)
     await engine.shutdown(0)
-    return a, await saturation_share(base, workload("decode-heavy", n, 1000.0, seed=4), a, dtype)
+    return a, await saturation_share(base, workload("decode-heavy", n, 1000.0, seed=4, model=model), a, dtype)
 
 
 async def main() -> None:

@@ -15,15 +15,15 @@ import statistics
 
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.checkpoint import embedded_model_path
+from dllm_server.checkpoint import embedded_model_path, plain_id_offset_of
 
 from common import poisson_workload, replay
 
 MODES = ("after_prefill", "layerwise")
 
 
-def workload(n: int, rate: float, seed: int):
-    return poisson_workload(n, rate, seed, prompt_lens=(96, 224, 480), answer_lens=(64, 96))
+def workload(n: int, rate: float, seed: int, offset: int = 0):
+    return poisson_workload(n, rate, seed, prompt_lens=(96, 224, 480), answer_lens=(64, 96), offset=offset)
 
 
 async def run(config: ServerConfig, reqs) -> dict:
@@ -42,7 +42,7 @@ async def run(config: ServerConfig, reqs) -> dict:
 async def main_async(a) -> None:
     base = ServerConfig(model=a.model, placement="disaggregated", num_workers=1, num_prefill_workers=1,
                         threads_per_worker=1)
-    reqs = workload(a.requests, a.rate, a.seed)
+    reqs = workload(a.requests, a.rate, a.seed, plain_id_offset_of(a.model))
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(a.rounds):
         for mode in MODES:

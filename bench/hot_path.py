@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server import LLM, SamplingParams  # noqa: E402
+from dllm_server.model.args import plain_id_offset  # noqa: E402
 from common import step_items  # noqa: E402  (bench/, the script's folder)
 
 
@@ -61,7 +62,8 @@ def main() -> None:
             llm.core.pool.free(f"b{b}_{i}")
         result[f"forward_b{b}_ms"] = ms
         print(f"| {b} | {ms:.2f} | {ms / b:.3f} |", flush=True)
-    prompts = [list(range(1 + i, 1 + i + 40 + 8 * i)) for i in range(a.requests)]
+    first = 1 + plain_id_offset(llm.args.mask_id, llm.args.eos_id)
+    prompts = [list(range(first + i, first + i + 40 + 8 * i)) for i in range(a.requests)]
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompts[0]}, params)          # warm-up
     lat, forwards, crc = [], 0, 0

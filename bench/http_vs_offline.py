@@ -22,13 +22,14 @@ import httpx
 import torch
 
 from dllm_server import LLM, SamplingParams
+from dllm_server.checkpoint import plain_id_offset_of
 from dllm_server.launch import serve
 from dllm_server.model.tiny import make_tiny_model
 
 
-def workload(n: int, max_tokens: int, seed: int = 0):
+def workload(n: int, max_tokens: int, seed: int = 0, offset: int = 0):
     rng = random.Random(seed)
-    return [[rng.randrange(1, 250) for _ in range(rng.choice([32, 96, 160]))] for _ in range(n)]
+    return [[rng.randrange(1, 250) + offset for _ in range(rng.choice([32, 96, 160]))] for _ in range(n)]
 
 
 async def run_http(url: str, prompts, max_tokens: int) -> tuple[float, int]:
@@ -76,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
                                              mlp=704, seed=0))
-    prompts = workload(args.requests, args.max_tokens)
+    prompts = workload(args.requests, args.max_tokens, offset=plain_id_offset_of(path))
     flags = ["--dtype", "float32", "--threads-per-worker", str(args.threads)]
     server = serve(path, *flags, log_path=Path(tempfile.mkdtemp()) / "server.log")
     url = server.url

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
@@ -33,9 +34,10 @@ MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
 }
 
 
-def workload(mix: str, n: int, rate: float, seed: int):
+def workload(mix: str, n: int, rate: float, seed: int, model: str | None):
     prompts, answers = MIXES[mix]
-    return poisson_workload(n, rate, seed, prompts, answers, token_range=(32, 127))   # printable bytes
+    return poisson_workload(n, rate, seed, prompts, answers, token_range=(32, 127),   # printable bytes
+                            offset=plain_id_offset_of(model))
 
 
 async def measure(config: ServerConfig, reqs) -> dict:
@@ -62,7 +64,7 @@ async def exp_a(base: ServerConfig, n: int, slo_s: float):
     for name, cfg in (("default (tau=1024)", base), ("batch-1 FCFS", base.replace(max_active_decodes=1,
                                                                                   token_budget=None))):
         async def probe(rate, cfg=cfg):
-            return await measure(cfg, workload("decode-heavy", n, rate, seed=1))
+            return await measure(cfg, workload("decode-heavy", n, rate, seed=1, model=cfg.model))
         found = await find_capacity(probe, lambda r: r["mean"] <= slo_s, start_rate=0.25, tolerance=0.1,
                                     max_rate=64)
         out[name] = found["capacity"] or 0.0
@@ -77,7 +79,7 @@ async def exp_b(base: ServerConfig, n: int, rates: dict):
     for mix in MIXES:
         print(f"\n{mix}, Poisson {rates[mix]} req/s, {n} requests:\n")
         print("| tau | output tok/s | mean (s) | p50 (s) | p99 (s) |\n|---|---|---|---|---|")
-        reqs = workload(mix, n, rates[mix], seed=2)
+        reqs = workload(mix, n, rates[mix], seed=2, model=base.model)
         for tau in (256, 1024, 4096, 16384, None):
             r = await measure(base.replace(token_budget=tau), reqs)
             print(row("inf" if tau is None else tau, r), flush=True)
@@ -88,7 +90,7 @@ async def exp_c(base: ServerConfig, n: int, rates: dict):
     for mix in MIXES:
         print(f"\n{mix}, Poisson {rates[mix]} req/s, {n} requests:\n")
         print("| placement | output tok/s | mean (s) | p50 (s) | p99 (s) |\n|---|---|---|---|---|")
-        reqs = workload(mix, n, rates[mix], seed=3)
+        reqs = workload(mix, n, rates[mix], seed=3, model=base.model)
         for placement, kw in (("colocated x2", dict(num_workers=2)),
                               ("colocated x2, routing by predicted completion", dict(num_workers=2, routing="completion")),
                               ("disaggregated 1P+1D", dict(placement="disaggregated", num_workers=1)),
@@ -162,7 +164,7 @@ async def exp_d(base: ServerConfig, n: int, rates: dict, dtypes=("float32", "bfl
     await engine.start()
     a = model_info(engine)
     await engine.shutdown(0)
-    reqs = workload("decode-heavy", n, 1000.0, seed=4)   # everything at once: saturation
+    reqs = workload("decode-heavy", n, 1000.0, seed=4, model=base.model)   # everything at once: saturation
     print("| dtype | loaded iterations | tokens fed | forward time (s) | model GFLOP/s (linear + attention) | "
           "dense matmul GFLOP/s, same dtype | share | linear only | output tok/s |\n|---|---|---|---|---|---|---|---|---|")
     runs = {}

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dllm_server import SamplingParams
+from dllm_server.checkpoint import plain_id_offset_of
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.tiny import make_tiny_model
@@ -30,8 +31,8 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def workload(n: int, rate: float, seed: int):
-    return poisson_workload(n, rate, seed, prompt_lens=(32, 96, 224), answer_lens=(32, 64, 96))
+def workload(n: int, rate: float, seed: int, offset: int = 0):
+    return poisson_workload(n, rate, seed, prompt_lens=(32, 96, 224), answer_lens=(32, 64, 96), offset=offset)
 
 
 async def run_config(name: str, config: ServerConfig, reqs) -> dict:
@@ -86,6 +87,7 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     await engine.start()
     pid = worker_pid(engine)
     idle = rss_mb(pid)
+    offset = plain_id_offset_of(config.model)
     peak, min_free = idle, None
 
     async def sample():
@@ -99,7 +101,7 @@ async def measure_full_pool(config: ServerConfig) -> dict:
 
     sampler = asyncio.ensure_future(sample())
     params = SamplingParams(max_tokens=32, steps=32, ignore_eos=True)
-    await asyncio.gather(*[engine.run({"prompt_token_ids": [(i + j) % 250 + 1 for j in range(992)]}, params)
+    await asyncio.gather(*[engine.run({"prompt_token_ids": [(i + j) % 250 + 1 + offset for j in range(992)]}, params)
                            for i in range(64)])
     sampler.cancel()
     args = model_info(engine)
@@ -126,7 +128,7 @@ async def main() -> None:
         ("deficit tau=1024", base.replace(token_budget=1024)),
         ("tau=infinity (prefill priority)", base.replace(token_budget=None)),
     ]
-    reqs = workload(args.requests, args.rate, args.seed)
+    reqs = workload(args.requests, args.rate, args.seed, plain_id_offset_of(path))
     print(f"workload: {args.requests} requests, Poisson {args.rate}/s, prompts 32/96/224, answers 32/64/96, "
           f"block 32, threshold 0.9, 1 colocated worker, {args.threads} thread(s)")
     print("base config:", {k: v for k, v in dataclasses.asdict(base).items() if v is not None})

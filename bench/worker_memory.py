@@ -38,6 +38,7 @@ print(json.dumps({"growth_mb": rss() - r0, "seconds": time.perf_counter() - t0})
 OFFLINE = """
 import json, random, sys, time, torch
 from dllm_server import LLM, SamplingParams
+from dllm_server.model.args import plain_id_offset
 from dllm_server.worker.memory import bound_kernel_caches, glibc_malloc_trim
 entries, trim, dtype, batches = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
 bound_kernel_caches(entries)
@@ -45,12 +46,13 @@ torch.set_num_threads(1)
 def rss():
     return next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 llm = LLM(model=None, dtype=dtype)
+first = plain_id_offset(llm.args.mask_id, llm.args.eos_id)
 trimmer = glibc_malloc_trim() if trim else None
 rng = random.Random(0)
 t0 = time.perf_counter()
 for b in range(batches):
     n = rng.randint(1, 6)
-    prompts = [{"prompt_token_ids": [rng.randrange(250) for _ in range(rng.choice([5, 15, 25, 40, 60, 120, 400]))]}
+    prompts = [{"prompt_token_ids": [rng.randrange(250) + first for _ in range(rng.choice([5, 15, 25, 40, 60, 120, 400]))]}
                for _ in range(n)]
     llm.generate(prompts, [SamplingParams(max_tokens=rng.choice([8, 16, 32, 64]), seed=rng.randrange(1 << 30))
                            for _ in range(n)])

@@ -2,7 +2,7 @@
 loading any weights (the front process reads these and hands the workers the resolved folder; a
 Hugging Face model id is fetched into the library's cache by hub.py). The embedded demo model is a small
 LLaDA-architecture checkpoint shipped in the package (assets/demo-model, trained by
-scripts/train_tiny.py; see its MODEL_CARD.md); if the package was installed without it, a seeded
+scripts/train_demo.py; see its MODEL_CARD.md); if the package was installed without it, a seeded
 random tiny checkpoint is written to the user cache once."""
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def read_config(path: str | Path) -> dict:
     if not cfg_file.is_file():
         raise ValueError(f"model: {folder} has no config.json (expected a Hugging Face checkpoint folder)")
     return json.loads(cfg_file.read_text())
+
+
+def plain_id_offset_of(model: str | None) -> int:
+    """model.args.plain_id_offset for a checkpoint (as `model_path` resolves it), read from its
+    config.json without loading weights."""
+    from .model.args import plain_id_offset
+    cfg = read_config(model_path(model))
+    eos = cfg.get("eos_token_id", 1 << 30)                 # absent: the families' ids, far above the bytes
+    return plain_id_offset(cfg.get("mask_token_id", 1 << 30), *(eos if isinstance(eos, list) else [eos]))
 
 
 def generation_config(folder: str | Path, setting: str | None) -> dict:

@@ -18,8 +18,10 @@ from .conftest import start_server
 
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (the test or eval extra)")
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+# Prompts the demo model continues before a blank line (the task's stop): after a question it
+# starts a new paragraph at once, an empty answer that would hide a lost reply.
 DOCS = [("ROMEO.", "But soft"), ("JULIET.", "O Romeo"), ("HAMLET.", "To be"), ("KING.", "My lord"),
-        ("Good morrow,", "my lord"), ("What news?", "None")]
+        ("Good morrow,", "my lord"), ("What news, my", "lord")]
 TASK = """task: tiny_gen
 dataset_path: json
 dataset_kwargs:

@@ -4,6 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def plain_id_offset(*special_ids: int) -> int:
+    """What to add to a synthetic prompt's byte-range ids (1-255: benchmarks, calibration) so they
+    stay ordinary text: 0 where the special tokens sit above the bytes (byte-level checkpoints,
+    LLaDA, Dream: every figure recorded before 2026-12-01), else past the highest special id (the
+    demo model v2's BPE puts its six specials first: 6)."""
+    return 0 if min(special_ids) >= 256 else max(special_ids) + 1
+
+
 @dataclass(frozen=True, slots=True)
 class ModelArgs:
     arch: str                 # "llada" | "dream"

@@ -28,13 +28,14 @@ from loadgen.workload import random_ids
 
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams
+from ..model.args import plain_id_offset
 from .cost import FittedCost, fit_iterations
 
 
-def _workload(n: int, rate: float, seed: int, prompts, answers) -> list:
+def _workload(n: int, rate: float, seed: int, prompts, answers, offset: int = 0) -> list:
     rng = np.random.default_rng(seed)
     at = arrival_offsets("poisson", rate, n, rng)
-    return [(float(a), random_ids(int(rng.choice(prompts)), rng, 250, 1),
+    return [(float(a), [t + offset for t in random_ids(int(rng.choice(prompts)), rng, 250, 1)],
              SamplingParams(max_tokens=int(rng.choice(answers)), ignore_eos=True, seed=i)) for i, a in enumerate(at)]
 
 
@@ -62,11 +63,12 @@ async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[t
         engine = AsyncEngine(config.replace(token_budget=tau))
         await engine.start()
         info = engine.model_info
+        offset = plain_id_offset(info.mask_id, info.eos_id)
         try:
             await _replay(engine, _workload(24 * config.num_workers, rate, seed + k, (32, 96, 224, 480),
-                                            (32, 64, 96, 160)))
+                                            (32, 64, 96, 160), offset))
             if k == 0:
-                for i, (_, ids, params) in enumerate(_workload(6, 1.0, seed + 10, (32, 224, 480), (32, 96))):
+                for i, (_, ids, params) in enumerate(_workload(6, 1.0, seed + 10, (32, 224, 480), (32, 96), offset)):
                     await asyncio.sleep(0.1)
                     t0 = time.monotonic()
                     await engine.run({"prompt_token_ids": ids}, params)
