@@ -13,6 +13,17 @@ from loadgen.run import open_loop
 from loadgen.workload import random_ids
 
 
+def plain_id_offset(model: str | None) -> int:
+    """checkpoint.plain_id_offset_of: the shift that keeps synthetic byte-range prompt ids clear of a
+    BPE's special tokens. 0 in a tree from before it (bench/ab.py --ref ...): such trees know only
+    byte-level models, whose specials sit above the bytes."""
+    try:
+        from dllm_server.checkpoint import plain_id_offset_of
+    except ImportError:
+        return 0
+    return plain_id_offset_of(model)
+
+
 def poisson_workload(n: int, rate: float, seed: int, prompt_lens, answer_lens, token_range=(1, 250),
                      offset: int = 0) -> list:
     """[(arrival_s, prompt, params)]: lengths drawn from the given choices, `ignore_eos`, seed i; ids
@@ -75,10 +86,9 @@ def step_items(llm, batch: int, prompt: int, block: int, canvas_len: int, tag: s
     """B canvases whose first block after the prompt is open, their KV filled by a full forward:
     the forward items of one loaded decode iteration (dual cache)."""
     import torch
-    from dllm_server.model.args import plain_id_offset
     from dllm_server.worker.runner import ForwardItem, fed_range
     a, pool = llm.args, llm.core.pool
-    first = 1 + plain_id_offset(a.mask_id, a.eos_id)
+    first = 1 + plain_id_offset(llm.config.model)
     items = []
     for b in range(batch):
         canvas = torch.full((canvas_len,), a.mask_id, dtype=torch.int64)

@@ -1,5 +1,5 @@
 """Would fusing the elementwise passes pay on this CPU? RMSNorm, rotary and SwiGLU at a loaded
-demo-model iteration's shape (912 tokens, d=256, 4 heads x 64, MLP 704), eager as the served
+demo-model v1 iteration's shape (912 tokens, d=256, 4 heads x 64, MLP 704), eager as the served
 model runs them (model/layers.py) against torch.compile (inductor's C++ backend, dynamic
 shapes), with the compile time and whether the results are bit-identical. Needs a C++ compiler.
 

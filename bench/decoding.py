@@ -23,10 +23,11 @@ import time
 import torch
 
 from dllm_server import LLM, SamplingParams
-from dllm_server.checkpoint import embedded_model_path, plain_id_offset_of
+from dllm_server.checkpoint import embedded_model_path
 from dllm_server.model.tiny import make_tiny_model
 from dllm_server.worker.cuda_graph import DecodeGraphs
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+from common import plain_id_offset
 from quality import agreement, pseudo_log_likelihood
 
 TEXTS = ["Good morrow, my lord. What news from the court?", "Now is the winter of our discontent",
@@ -132,7 +133,7 @@ def main() -> None:
         return
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4,
                                              heads=4, mlp=704, seed=0))
-    first = 1 + plain_id_offset_of(path)
+    first = 1 + plain_id_offset(path)
     prompt = {"prompt_token_ids": [(i * 37) % 250 + first for i in range(args.prompt_len)]}
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     print(f"model={path} dtype={args.dtype} threads={args.threads} machine={platform.processor() or platform.machine()}"

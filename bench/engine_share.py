@@ -1,11 +1,13 @@
 """Engine efficiency at saturation against model width, in one run: the share of the dense-matmul
-rate that serving reaches (bench/paper.py's experiment D) for the embedded demo model and for
+rate that serving reaches (bench/paper.py's experiment D) for a demo model (--model; the
+embedded one by default) and for
 seeded random LLaDA checkpoints of larger width (`dllm-server make-tiny-model`, 4 layers, byte
 tokenizer). The per-token costs outside the matmuls (norms, rotary, SwiGLU, attention's calls,
-the runner's host work) grow with width more slowly than the matmuls, so the share at d=256 says
+the runner's host work) grow with width more slowly than the matmuls, so the share at a demo
+model's width (v1: d=256, v2: d=320) says
 little about a served 8B model (d=4096); the sweep shows the trend on this CPU.
 
-    python bench/engine_share.py [--widths 512,1024] [--requests 32] [--dtype float32]
+    python bench/engine_share.py [--model training/demo-v1] [--widths 512,1024] [--requests 32] [--dtype float32]
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ async def main() -> None:
     ap.add_argument("--widths", default="512,1024", help="hidden sizes of the random checkpoints (MLP 2.75x, head dim 128 from 1024, else 64)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", help="the demo model's row (default: the embedded demo model)")
     args = ap.parse_args()
     print(f"# engine share of the dense-matmul rate at saturation: {args.requests} decode-heavy requests at once, "
           f"1 worker thread, {args.dtype}, block 32, threshold 0.9, dual cache, torch {torch.__version__}\n")
@@ -46,7 +49,7 @@ async def main() -> None:
           "model GFLOP/s | dense matmul GFLOP/s at its rows | share | linear only | output tok/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        models: list[tuple[str, str | None]] = [("embedded demo model", None)]
+        models: list[tuple[str, str | None]] = [(args.model or "embedded demo model", args.model)]
         for w in (int(x) for x in args.widths.split(",") if x):
             heads = w // (128 if w >= 1024 else 64)
             path = make_tiny_model(Path(tmp) / f"d{w}", hidden=w, layers=4, heads=heads, mlp=int(2.75 * w) // 64 * 64)

@@ -15,9 +15,9 @@ import statistics
 
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.checkpoint import embedded_model_path, plain_id_offset_of
+from dllm_server.checkpoint import embedded_model_path
 
-from common import poisson_workload, replay
+from common import plain_id_offset, poisson_workload, replay
 
 MODES = ("after_prefill", "layerwise")
 
@@ -42,7 +42,7 @@ async def run(config: ServerConfig, reqs) -> dict:
 async def main_async(a) -> None:
     base = ServerConfig(model=a.model, placement="disaggregated", num_workers=1, num_prefill_workers=1,
                         threads_per_worker=1)
-    reqs = workload(a.requests, a.rate, a.seed, plain_id_offset_of(a.model))
+    reqs = workload(a.requests, a.rate, a.seed, plain_id_offset(a.model))
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(a.rounds):
         for mode in MODES:

@@ -23,8 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server import LLM, SamplingParams  # noqa: E402
-from dllm_server.model.args import plain_id_offset  # noqa: E402
-from common import step_items  # noqa: E402  (bench/, the script's folder)
+from common import plain_id_offset, step_items  # noqa: E402  (bench/, the script's folder)
 
 
 def forward_ms(llm, items, reps: int) -> float:
@@ -62,7 +61,7 @@ def main() -> None:
             llm.core.pool.free(f"b{b}_{i}")
         result[f"forward_b{b}_ms"] = ms
         print(f"| {b} | {ms:.2f} | {ms / b:.3f} |", flush=True)
-    first = 1 + plain_id_offset(llm.args.mask_id, llm.args.eos_id)
+    first = 1 + plain_id_offset(a.model)
     prompts = [list(range(first + i, first + i + 40 + 8 * i)) for i in range(a.requests)]
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompts[0]}, params)          # warm-up

@@ -22,9 +22,9 @@ import httpx
 import torch
 
 from dllm_server import LLM, SamplingParams
-from dllm_server.checkpoint import plain_id_offset_of
 from dllm_server.launch import serve
 from dllm_server.model.tiny import make_tiny_model
+from common import plain_id_offset
 
 
 def workload(n: int, max_tokens: int, seed: int = 0, offset: int = 0):
@@ -77,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
                                              mlp=704, seed=0))
-    prompts = workload(args.requests, args.max_tokens, offset=plain_id_offset_of(path))
+    prompts = workload(args.requests, args.max_tokens, offset=plain_id_offset(path))
     flags = ["--dtype", "float32", "--threads-per-worker", str(args.threads)]
     server = serve(path, *flags, log_path=Path(tempfile.mkdtemp()) / "server.log")
     url = server.url

@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from loadgen.capacity import find_capacity  # noqa: E402
-from common import iteration_trace, model_info, poisson_workload, replay, step_items  # noqa: E402  (bench/, the script's folder)
+from common import iteration_trace, model_info, plain_id_offset, poisson_workload, replay, step_items  # noqa: E402  (bench/, the script's folder)
 
 MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
     "decode-heavy": ([24, 48, 64], [96, 128, 160]),
@@ -37,7 +36,7 @@ MIXES = {   # (prompt lengths, answer lengths), scaled to a 1024-token context
 def workload(mix: str, n: int, rate: float, seed: int, model: str | None):
     prompts, answers = MIXES[mix]
     return poisson_workload(n, rate, seed, prompts, answers, token_range=(32, 127),   # printable bytes
-                            offset=plain_id_offset_of(model))
+                            offset=plain_id_offset(model))
 
 
 async def measure(config: ServerConfig, reqs) -> dict:

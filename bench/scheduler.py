@@ -16,12 +16,11 @@ import tempfile
 from pathlib import Path
 
 from dllm_server import SamplingParams
-from dllm_server.checkpoint import plain_id_offset_of
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.tiny import make_tiny_model
 
-from common import iteration_trace, model_info, poisson_workload, replay, worker_pages, worker_pid
+from common import iteration_trace, model_info, plain_id_offset, poisson_workload, replay, worker_pages, worker_pid
 
 
 def rss_mb(pid: int) -> float:
@@ -87,7 +86,7 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     await engine.start()
     pid = worker_pid(engine)
     idle = rss_mb(pid)
-    offset = plain_id_offset_of(config.model)
+    offset = plain_id_offset(config.model)
     peak, min_free = idle, None
 
     async def sample():
@@ -128,7 +127,7 @@ async def main() -> None:
         ("deficit tau=1024", base.replace(token_budget=1024)),
         ("tau=infinity (prefill priority)", base.replace(token_budget=None)),
     ]
-    reqs = workload(args.requests, args.rate, args.seed, plain_id_offset_of(path))
+    reqs = workload(args.requests, args.rate, args.seed, plain_id_offset(path))
     print(f"workload: {args.requests} requests, Poisson {args.rate}/s, prompts 32/96/224, answers 32/64/96, "
           f"block 32, threshold 0.9, 1 colocated worker, {args.threads} thread(s)")
     print("base config:", {k: v for k, v in dataclasses.asdict(base).items() if v is not None})

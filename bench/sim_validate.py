@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import replay  # noqa: E402
+from common import plain_id_offset, replay  # noqa: E402
 from scheduler import workload  # noqa: E402
 
-from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 from dllm_server.engine.placement import worker_roles  # noqa: E402
@@ -104,7 +103,7 @@ async def main() -> None:
             continue
         cfg = base.replace(**kw)
         for rate in rates:
-            reqs = workload(a.requests, rate, a.seed, plain_id_offset_of(a.model))
+            reqs = workload(a.requests, rate, a.seed, plain_id_offset(a.model))
             before = os.getloadavg()
             t = time.perf_counter()
             real, outs, info, real_iters, rows = await real_run(cfg, reqs)

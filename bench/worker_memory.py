@@ -38,15 +38,14 @@ print(json.dumps({"growth_mb": rss() - r0, "seconds": time.perf_counter() - t0})
 OFFLINE = """
 import json, random, sys, time, torch
 from dllm_server import LLM, SamplingParams
-from dllm_server.model.args import plain_id_offset
 from dllm_server.worker.memory import bound_kernel_caches, glibc_malloc_trim
 entries, trim, dtype, batches = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+first = int(sys.argv[5])                          # common.plain_id_offset: past a BPE's special ids
 bound_kernel_caches(entries)
 torch.set_num_threads(1)
 def rss():
     return next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 llm = LLM(model=None, dtype=dtype)
-first = plain_id_offset(llm.args.mask_id, llm.args.eos_id)
 trimmer = glibc_malloc_trim() if trim else None
 rng = random.Random(0)
 t0 = time.perf_counter()
@@ -71,6 +70,7 @@ def run(code: str, *args) -> dict:
 
 
 def main() -> int:
+    from common import plain_id_offset          # bench/, the script's folder
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=40)
     args = ap.parse_args()
@@ -85,7 +85,7 @@ def main() -> int:
     for label, entries, trim, dtype in (("bf16, library defaults", 0, 0, "bfloat16"), ("bf16, caches at 64", 64, 0, "bfloat16"),
                                         ("bf16, caches at 64 + malloc_trim per batch", 64, 1, "bfloat16"),
                                         ("float32 (no oneDNN matmuls)", 0, 0, "float32")):
-        r = run(OFFLINE, entries, trim, dtype, args.batches)
+        r = run(OFFLINE, entries, trim, dtype, args.batches, plain_id_offset(None))
         a, b = r["after_5_mb"], r["end_mb"]
         print(f"| {label} | {a:.1f} -> {b:.1f} MB | {100 * (b - a) / a:+.1f} % | {r['seconds']:.0f} |", flush=True)
     return 0

@@ -111,6 +111,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-per-answer", type=int, default=0, help="teacher rows kept per distinct answer (0: all)")
     ap.add_argument("--certainty-on-chat", action="store_true",
                     help="the entropy term also on the pretraining chat rows (real replies)")
+    ap.add_argument("--certainty-on-end", action="store_true",
+                    help="the entropy term only where the target is <|eot_id|> or <|endoftext|> padding")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=192)
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -179,6 +181,7 @@ def main(argv=None) -> None:
         (out / "train_state.tmp").replace(state_file)
         T.write_json(out / "history.json", history)
 
+    end_ids = torch.tensor([ids["<|eot_id|>"], ids["<|endoftext|>"]]) if args.certainty_on_end else None
     n_teacher = round(args.batch * args.teacher_share)
     starts = teacher["starts"]
     threads = T.ThreadChooser(args.threads, args.adapt_threads)
@@ -196,7 +199,7 @@ def main(argv=None) -> None:
         first = n_rest - round(n_rest * args.chat_share) if args.certainty_on_chat else n_rest
         certain = torch.arange(args.batch) >= first
         model.train()
-        loss = T.mdm_loss(model, x, maskable, mask_id, gen, args.certainty, certain)
+        loss = T.mdm_loss(model, x, maskable, mask_id, gen, args.certainty, certain, end_ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

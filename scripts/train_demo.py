@@ -91,12 +91,15 @@ class Rows:
 
 
 def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: torch.Generator,
-             certainty: float = 0.0, certain_rows: torch.Tensor | None = None):
+             certainty: float = 0.0, certain_rows: torch.Tensor | None = None,
+             certain_ids: torch.Tensor | None = None):
     """LLaDA's loss, normalised per row by its maskable length; logits for masked rows only.
 
     `certainty` > 0 adds certainty forcing (dParallel, arXiv 2509.26488; scripts/distill_demo.py):
     that weight times the mean entropy of the masked positions of `certain_rows` (bool per batch
-    row) whose argmax is already the target, pushing the model to be sure where it is right."""
+    row) whose argmax is already the target, pushing the model to be sure where it is right;
+    `certain_ids` narrows it to positions whose target is one of those ids (the end of turn and the
+    padding: sure of where an answer ends, not of its words)."""
     b, length = x.shape
     t = torch.rand(b, 1, generator=gen)
     p = (1 - EPS) * t + EPS
@@ -114,6 +117,8 @@ def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: 
         target = x.reshape(-1)[rows]
         right = certain_rows[:, None].expand(b, length).reshape(-1)[rows]
         right &= logits.argmax(-1) == target
+        if certain_ids is not None:
+            right &= torch.isin(target, certain_ids)
         if right.any():
             logp = logits[right].float().log_softmax(-1)      # only the rows the term reads
             loss = loss + certainty * -(logp.exp() * logp).sum(-1).mean()

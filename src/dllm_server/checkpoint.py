@@ -70,12 +70,17 @@ def read_config(path: str | Path) -> dict:
 
 
 def plain_id_offset_of(model: str | None) -> int:
-    """model.args.plain_id_offset for a checkpoint (as `model_path` resolves it), read from its
-    config.json without loading weights."""
+    """model.args.plain_id_offset for a checkpoint (as `model_path` resolves it): its tokenizer's
+    added tokens and config's mask / end ids, read without loading weights."""
     from .model.args import plain_id_offset
-    cfg = read_config(model_path(model))
-    eos = cfg.get("eos_token_id", 1 << 30)                 # absent: the families' ids, far above the bytes
-    return plain_id_offset(cfg.get("mask_token_id", 1 << 30), *(eos if isinstance(eos, list) else [eos]))
+    folder = model_path(model)
+    cfg = read_config(folder)
+    tok = folder / "tokenizer.json"
+    special = {t["id"] for t in json.loads(tok.read_text()).get("added_tokens", [])} if tok.is_file() else set()
+    for key in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+        value = cfg.get(key)
+        special |= set(value) if isinstance(value, list) else {value} if isinstance(value, int) else set()
+    return plain_id_offset(special)
 
 
 def generation_config(folder: str | Path, setting: str | None) -> dict:

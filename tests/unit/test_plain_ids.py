@@ -13,10 +13,11 @@ DEMO_V1 = Path(__file__).resolve().parents[2] / "training" / "demo-v1"
 
 
 def test_offset_is_zero_when_specials_sit_above_the_bytes():
-    assert plain_id_offset(261, 256) == 0                  # demo v1 and the tiny checkpoints
-    assert plain_id_offset(126336, 126081) == 0            # LLaDA-8B
-    assert plain_id_offset(151666, 151643, 151645) == 0    # Dream, eos a list
-    assert plain_id_offset(5, 0) == 6                      # demo v2: its six specials first
+    assert plain_id_offset(range(256, 262)) == 0           # demo v1 and the tiny checkpoints
+    assert plain_id_offset([126336, 126081]) == 0          # LLaDA-8B
+    assert plain_id_offset([151666, 151643, 151645]) == 0  # Dream
+    assert plain_id_offset(range(6)) == 6                  # demo v2: its six specials first
+    assert plain_id_offset([0, 5, 200, 300]) == 301        # the first 256-id window clear of all
 
 
 def test_shifted_byte_range_ids_are_ordinary_tokens_of_every_shipped_model(tiny_llada):

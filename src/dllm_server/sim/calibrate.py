@@ -28,7 +28,7 @@ from loadgen.workload import random_ids
 
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams
-from ..model.args import plain_id_offset
+from ..checkpoint import plain_id_offset_of
 from .cost import FittedCost, fit_iterations
 
 
@@ -63,7 +63,7 @@ async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[t
         engine = AsyncEngine(config.replace(token_budget=tau))
         await engine.start()
         info = engine.model_info
-        offset = plain_id_offset(info.mask_id, info.eos_id)
+        offset = plain_id_offset_of(config.model)
         try:
             await _replay(engine, _workload(24 * config.num_workers, rate, seed + k, (32, 96, 224, 480),
                                             (32, 64, 96, 160), offset))
