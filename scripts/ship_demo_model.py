@@ -171,8 +171,8 @@ def main() -> None:
               "For longer text use `/v1/completions` with a plain prompt, or `ignore_eos`."]
     (ASSET / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"\nnow retrain the step predictor for these weights ({ASSET / 'step_predictor.json'} is the old "
-          "model's): python scripts/train_step_predictor.py --model src/dllm_server/assets/demo-model --requests 400")
+    print(f"\n{ASSET / 'step_predictor.json'} is not touched: if it was trained on other weights, retrain it: "
+          "python scripts/train_step_predictor.py --model src/dllm_server/assets/demo-model --requests 400")
 
 
 if __name__ == "__main__":
