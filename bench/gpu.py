@@ -230,8 +230,7 @@ def main() -> int:
                 b.skip(f"prefill: length {n} ({'over max_len' if n > args.max_len else 'time budget'})")
                 continue
             c = torch.full((n,), args.mask_id, dtype=torch.int64)
-            c[: n - sh.block] = torch.randint(1, min(args.vocab_size, args.mask_id, args.eos_id), (n - sh.block,),
-                                              generator=g)
+            c[: n - sh.block] = torch.randint(*P.prompt_id_range(args), (n - sh.block,), generator=g)
             with P.held(pool, {"prefill": n}) as (alloc,):
                 item = [ForwardItem(c, alloc, 0, n, n - sh.block, n)]
                 step = P.median(P.time_ms(lambda: runner.forward(item), device, sh.warmup, sh.repeats))

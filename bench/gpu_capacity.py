@@ -26,6 +26,7 @@ import httpx
 
 from dllm_server.launch import ServerProcess, serve
 from gpu_harness import file_tail
+from gpu_parts import prompt_id_range
 
 BASELINE = ("batch-1 baseline", ["--max-active-decodes", "1", "--token-budget", "none"])
 DEFAULT = ("default scheduler", [])
@@ -107,10 +108,10 @@ def unloaded_latency_s(url: str, body: dict, deadline: float, n: int = 3) -> flo
     return statistics.median(times[1:])
 
 
-def _search(url: str, sh, hi: int, seed: int, slo_ms: float, one: float, prompts: int, target: float,
+def _search(url: str, sh, ids: tuple[int, int], seed: int, slo_ms: float, one: float, prompts: int, target: float,
             tolerance: float, result_dir: Path, timeout_s: float) -> dict:
     cmd = [sys.executable, "-m", "loadgen", "--base-url", url, "--model", "bench", "--endpoint", "completions",
-           "--dataset", "random", "--random-ids", "--vocab-size", str(hi), "--id-low", "1",
+           "--dataset", "random", "--random-ids", "--vocab-size", str(ids[1]), "--id-low", str(ids[0]),
            "--prompt-len", str(sh.serve_prompt), "--output-len", str(sh.serve_max_tokens), "--ignore-eos",
            "--extra-body", json.dumps({"steps": sh.serve_steps}), "--seed", str(seed),
            "--num-prompts", str(prompts), "--capacity-search", "--goodput", f"e2el:{slo_ms:.0f}",
@@ -140,9 +141,9 @@ def _logs(rec: dict, log: Path) -> None:
 def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_left, seed: int, workdir: Path,
                         slo_factor: float = 4.0, target: float = 0.9, tolerance: float = 0.15,
                         configs=(BASELINE, DEFAULT)) -> dict:
-    hi = min(args.vocab_size, args.mask_id, args.eos_id)
+    ids = prompt_id_range(args)
     rng = random.Random(seed)
-    body = {"model": "bench", "prompt": [rng.randrange(1, hi) for _ in range(sh.serve_prompt)],
+    body = {"model": "bench", "prompt": [rng.randrange(*ids) for _ in range(sh.serve_prompt)],
             "max_tokens": sh.serve_max_tokens, "steps": sh.serve_steps, "ignore_eos": True, "temperature": 0.0}
     out: dict = {"method": f"open loop, Poisson arrivals; SLO: e2e latency <= {slo_factor:g} x the baseline's "
                            f"unloaded latency for >= {target:.0%} of requests; capacity = highest passing rate "
@@ -175,7 +176,7 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
                                         f"probe need ~{search_estimate_s(one, MIN_PROMPTS, tolerance):.0f} s")
                 continue
             rec.update({"prompts_per_probe": prompts, "search_estimate_s": search_estimate_s(one, prompts, tolerance)})
-            found = _search(url, sh, hi, seed, slo_ms, one, prompts, target, tolerance, workdir / name.replace(" ", "-"),
+            found = _search(url, sh, ids, seed, slo_ms, one, prompts, target, tolerance, workdir / name.replace(" ", "-"),
                             max(1.0, search_s))
             rec.update({"capacity_req_s": found.pop("capacity"), "upper_req_s": found.pop("upper"),
                         "probes": len(found["history"]), **found})

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model import llada
+from dllm_server.model.args import plain_id_offset
 from dllm_server.model.attention import DenseBatch
 from dllm_server.model.layers import Rotary
 from dllm_server.model.tiny import save_weights, write_tokenizer
@@ -91,12 +92,20 @@ def forward_flops(args, tokens: int, logit_rows: int, q_kv_pairs: int) -> float:
     return 2.0 * block * tokens + 2.0 * d * args.embedding_size * logit_rows + 4.0 * args.num_layers * d * q_kv_pairs
 
 
+def prompt_id_range(args) -> tuple[int, int]:
+    """[lo, hi) of ordinary ids for random prompts: below the special ids where they sit at the top of
+    the vocabulary (LLaDA, Dream, this bench's random checkpoints), above them where they come first
+    (the demo model v2's BPE)."""
+    offset = plain_id_offset([args.mask_id, args.eos_id])
+    return (1, min(args.vocab_size, args.mask_id, args.eos_id)) if offset == 0 else (offset, args.vocab_size)
+
+
 def canvas(args, prompt: int, answer: int, block: int, g: torch.Generator) -> torch.Tensor:
     """Random prompt, first answer block decided, one commit in the second block, rest masked."""
-    hi = min(args.vocab_size, args.mask_id, args.eos_id)
+    lo, hi = prompt_id_range(args)
     c = torch.full((prompt + answer,), args.mask_id, dtype=torch.int64)
-    c[:prompt] = torch.randint(1, hi, (prompt,), generator=g)
-    c[prompt: prompt + block] = torch.randint(1, hi, (block,), generator=g)
+    c[:prompt] = torch.randint(lo, hi, (prompt,), generator=g)
+    c[prompt: prompt + block] = torch.randint(lo, hi, (block,), generator=g)
     c[prompt + block + 1] = 7
     return c
 
@@ -327,8 +336,8 @@ def closed_batch(llm: TimedLLM, prompts: list, params: SamplingParams) -> dict:
 
 def serving_comparison(ckpt: Path, args, sh: Shapes, device, dtype_name: str, seconds_left, seed: int) -> dict:
     rng = random.Random(seed)
-    hi = min(args.vocab_size, args.mask_id, args.eos_id)
-    prompts = [{"prompt_token_ids": [rng.randrange(1, hi) for _ in range(sh.serve_prompt)]}
+    lo, hi = prompt_id_range(args)
+    prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(sh.serve_prompt)]}
                for _ in range(sh.serve_requests)]
     params = SamplingParams(max_tokens=sh.serve_max_tokens, steps=sh.serve_steps, ignore_eos=True)
     common = dict(device=str(device), dtype=dtype_name, skip_tokenizer_init=True, cache="dual", block_length=sh.block)

@@ -201,3 +201,15 @@ def test_env_record_lists_the_serving_stack_and_free_space():
         assert name in proc.stdout, name
     assert "free space tmp" in proc.stdout and "free space shm" in proc.stdout
     assert "serving stack: OK" in proc.stdout and "NO_PROXY='127.0.0.1'" in proc.stdout
+
+
+def test_random_prompt_ids_avoid_special_tokens_wherever_a_model_puts_them():
+    from dllm_server.checkpoint import embedded_model_path, read_config
+    top = P.llada.args_from_config(P.SMOKE_CFG)                      # specials at the top
+    assert P.prompt_id_range(top) == (1, min(top.vocab_size, top.mask_id, top.eos_id))
+    demo = P.llada.args_from_config(read_config(embedded_model_path()))   # the demo model v2: specials 0-5 first
+    lo, hi = P.prompt_id_range(demo)
+    assert (lo, hi) == (6, demo.vocab_size) and demo.mask_id < lo and demo.eos_id < lo
+    g = torch.Generator().manual_seed(0)
+    c = P.canvas(demo, 64, 64, 32, g)
+    assert bool((c[:64] >= lo).all())                                # the prompt holds no special token
