@@ -32,7 +32,7 @@ def poisson_workload(n: int, rate: float, seed: int, prompt_lens, answer_lens, t
     offsets = arrival_offsets("poisson", rate, n, rng)
     reqs = []
     for i, at in enumerate(offsets):
-        prompt = [t + offset for t in random_ids(int(rng.choice(prompt_lens)), rng, token_range[1], token_range[0])]
+        prompt = random_ids(int(rng.choice(prompt_lens)), rng, token_range[1] + offset, token_range[0] + offset)
         reqs.append((float(at), {"prompt_token_ids": prompt},
                      SamplingParams(max_tokens=int(rng.choice(answer_lens)), ignore_eos=True, seed=i)))
     return reqs

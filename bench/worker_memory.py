@@ -40,7 +40,7 @@ import json, random, sys, time, torch
 from dllm_server import LLM, SamplingParams
 from dllm_server.worker.memory import bound_kernel_caches, glibc_malloc_trim
 entries, trim, dtype, batches = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
-first = int(sys.argv[5])                          # common.plain_id_offset: past a BPE's special ids
+offset = int(sys.argv[5])                         # common.plain_id_offset: past a BPE's special ids
 bound_kernel_caches(entries)
 torch.set_num_threads(1)
 def rss():
@@ -51,7 +51,7 @@ rng = random.Random(0)
 t0 = time.perf_counter()
 for b in range(batches):
     n = rng.randint(1, 6)
-    prompts = [{"prompt_token_ids": [rng.randrange(250) + first for _ in range(rng.choice([5, 15, 25, 40, 60, 120, 400]))]}
+    prompts = [{"prompt_token_ids": [rng.randrange(250) + offset for _ in range(rng.choice([5, 15, 25, 40, 60, 120, 400]))]}
                for _ in range(n)]
     llm.generate(prompts, [SamplingParams(max_tokens=rng.choice([8, 16, 32, 64]), seed=rng.randrange(1 << 30))
                            for _ in range(n)])

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from . import hub
+from .model.args import plain_id_offset
 
 log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
@@ -72,7 +73,6 @@ def read_config(path: str | Path) -> dict:
 def plain_id_offset_of(model: str | None) -> int:
     """model.args.plain_id_offset for a checkpoint (as `model_path` resolves it): its tokenizer's
     added tokens and config's mask / end ids, read without loading weights."""
-    from .model.args import plain_id_offset
     folder = model_path(model)
     cfg = read_config(folder)
     tok = folder / "tokenizer.json"

@@ -35,7 +35,7 @@ from .cost import FittedCost, fit_iterations
 def _workload(n: int, rate: float, seed: int, prompts, answers, offset: int = 0) -> list:
     rng = np.random.default_rng(seed)
     at = arrival_offsets("poisson", rate, n, rng)
-    return [(float(a), [t + offset for t in random_ids(int(rng.choice(prompts)), rng, 250, 1)],
+    return [(float(a), random_ids(int(rng.choice(prompts)), rng, 250 + offset, 1 + offset),
              SamplingParams(max_tokens=int(rng.choice(answers)), ignore_eos=True, seed=i)) for i, a in enumerate(at)]
 
 
