@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_data as D  # noqa: E402
+from demo_task_rows import TaskProbe, TaskRows, excluded_keys  # noqa: E402
 
 from dllm_server.model import llada  # noqa: E402
 from dllm_server.model.attention import DenseBatch  # noqa: E402
@@ -154,6 +155,13 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=192)
     ap.add_argument("--chat-share", type=float, default=0.5, help="share of each batch that is chat rows")
+    ap.add_argument("--task-rows", type=int, default=0,
+                    help="demo-task rows added to each batch (v3; scripts/demo_task_rows.py), besides --batch")
+    ap.add_argument("--task-len", type=int, default=96, help="length of a task row (prompt, answer, padding)")
+    ap.add_argument("--task-long-share", type=float, default=1 / 3,
+                    help="share of steps whose task rows have --seq-len instead, like a max_tokens 128 canvas")
+    ap.add_argument("--snapshot-every", type=int, default=0,
+                    help="keep the weights of every this many steps in <out>/snapshots/ (checkpoint choice)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -188,6 +196,10 @@ def main(argv=None) -> None:
     train_texts, held_texts = D.load_split(Path(args.corpus_cache))
 
     from tokenizers import Tokenizer
+    init_dir = Path(args.init_weights).parent if args.init_weights else None
+    if not (model_dir / "tokenizer.json").is_file() and init_dir and (init_dir / "tokenizer.json").is_file():
+        for name in ("tokenizer.json", "tokenizer_config.json"):   # a fine-tune keeps its model's ids
+            (model_dir / name).write_bytes((init_dir / name).read_bytes())
     if not (model_dir / "tokenizer.json").is_file():      # trained once per run folder, on the train split
         D.train_tokenizer(train_texts, args.vocab, model_dir, args.max_len)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -202,6 +214,8 @@ def main(argv=None) -> None:
 
     rows = Rows(tok, train_texts, args.seq_len, ids, args.seed)
     held = D.HeldOut(held_texts, tok)
+    tasks = TaskRows(tok, train_texts, ids, args.seed, excluded_keys()) if args.task_rows else None
+    probe = TaskProbe(tok, ids) if args.task_rows else None
     model = llada.LLaDAModelLM(llada.args_from_config(cfg))
     init_weights(model, args.seed, logit_scale=1.0)
     n_params = sum(p.numel() for p in model.parameters())
@@ -220,9 +234,18 @@ def main(argv=None) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         x, maskable = rows.batch(args.batch, args.chat_share)
+        groups = [(x, maskable)]
+        if tasks is not None:
+            long = tasks.rng.random() < args.task_long_share
+            tx, tm = tasks.batch(args.task_rows, args.seq_len if long else args.task_len)
+            if long:
+                groups = [(torch.cat([x, tx]), torch.cat([maskable, tm]))]
+            else:
+                groups.append((tx, tm))
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = mdm_loss(model, x, maskable, mask_id, gen)
+            n = sum(g[0].shape[0] for g in groups)      # mdm_loss is a mean over rows: weight by rows
+            loss = sum(mdm_loss(model, gx, gm, mask_id, gen) * (gx.shape[0] / n) for gx, gm in groups)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -252,6 +275,8 @@ def main(argv=None) -> None:
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         rows.rng.setstate(st["data_rng"])
+        if tasks is not None and "task_rng" in st:
+            tasks.rng.setstate(st["task_rng"])
         step, elapsed, history = st["step"], st["elapsed"], st["history"]
         print(f"resumed from {state_file} at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
     elif args.init_weights:
@@ -266,11 +291,13 @@ def main(argv=None) -> None:
         rewarm_from = step
         gen.manual_seed(args.seed + 1 + 7919 * step)
         rows.rng.seed(args.seed * 1_000_003 + step)
+        if tasks is not None:
+            tasks.rng.seed(args.seed * 1_000_033 + step)
         print(f"started from weights {args.init_weights} at step {step} (fresh optimizer)", flush=True)
 
     def save() -> None:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "data_rng": rows.rng.getstate(), "step": step, "elapsed": elapsed, "history": history,
+                    "data_rng": rows.rng.getstate(), "task_rng": tasks.rng.getstate() if tasks else None, "step": step, "elapsed": elapsed, "history": history,
                     "args": vars(args)}, out / "train_state.tmp")
         (out / "train_state.tmp").replace(state_file)
         save_weights(model, model_dir / "model.safetensors", step)
@@ -295,6 +322,13 @@ def main(argv=None) -> None:
             record.update(held.figures(model, mask_id))
             print(f"step {step}: loss_ema {ema:.3f} held-out masked CE {record['held_out_ce']:.4f} nats/byte "
                   f"(ELBO bound {record['held_out_elbo']:.3f}) {elapsed / 60:.1f} min", flush=True)
+            if probe is not None:
+                record["tasks"] = probe.figures(model, mask_id)
+                print("  first forward, right with p>=0.9 / argmax right: " + ", ".join(
+                    f"{t} {f['right_p90']:.2f}/{f['argmax_right']:.2f}" for t, f in record["tasks"].items()), flush=True)
+            if args.snapshot_every and step % args.snapshot_every == 0:
+                (out / "snapshots").mkdir(exist_ok=True)
+                save_weights(model, out / "snapshots" / f"step{step}.safetensors", step)
         elif time.monotonic() - t_report > 120:
             print(f"step {step}: loss_ema {ema:.3f} ({elapsed / step:.2f} s/step)", flush=True)
             t_report = time.monotonic()

@@ -1,0 +1,102 @@
+"""Training rows and the training-time probe of the demo tasks (dllm_server.demo_tasks), for
+scripts/train_demo.py (demo model v3).
+
+A task row is built exactly as a chat row: the chat-template prompt, the answer, <|eot_id|>, then
+<|endoftext|> padding to the row's length; maskable from the answer's start (LLaDA's SFT), so the
+model learns the answer, where it ends and that the rest is padding. Rows are drawn fresh every
+step from their own seeded RNG (saved with the training state); any question of the shipped
+evaluation set is skipped by its hash.
+
+The probe (history.json "tasks"): for fixed rows of the evaluation set with the whole answer
+region masked, the first forward's answer cross-entropy per token and the share of answer tokens
+(the answer and its <|eot_id|>) whose argmax is right with probability >= 0.9 and >= 0.5: a cheap
+sign of "parallel-decodable" long before a full decoding evaluation.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+import demo_data as D
+
+from dllm_server import demo_tasks as T
+from dllm_server.model.attention import DenseBatch
+
+# Computed tasks get more rows: their carries, borrows and ranks take longer to learn.
+TASK_WEIGHTS = {"copy": 1.0, "reverse": 1.2, "count": 1.0, "lookup": 1.2, "add": 2.2, "subtract": 2.2, "sort": 1.8}
+
+
+class TaskRows:
+    def __init__(self, tok, train_texts: list[str], ids: dict[str, int], seed: int,
+                 excluded: set[str], weights: dict[str, float] | None = None):
+        self.tok = tok
+        self.lines = T.copy_lines(train_texts)
+        self.eot, self.eos = ids["<|eot_id|>"], ids["<|endoftext|>"]
+        self.excluded = excluded
+        w = weights or TASK_WEIGHTS
+        self.tasks, self.weights = list(w), list(w.values())
+        self.rng = random.Random(seed * 7919 + 17)
+        self.skipped = 0
+
+    def draw(self) -> T.TaskItem:
+        while True:
+            item = T.make(self.rng.choices(self.tasks, self.weights)[0], self.rng, self.lines)
+            if T.question_key(item.question) not in self.excluded:
+                return item
+            self.skipped += 1
+
+    def batch(self, n: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        items = [self.draw() for _ in range(n)]
+        return build_rows(self.tok, items, seq_len, self.eot, self.eos)
+
+
+def build_rows(tok, items: list[T.TaskItem], seq_len: int, eot: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token rows, maskable) for `items`, each padded to `seq_len`."""
+    prompts = tok.encode_batch([D.render_chat([("user", i.question)]) for i in items])
+    answers = tok.encode_batch([i.answer for i in items])
+    xs, ms = [], []
+    for p, a in zip(prompts, answers):
+        p, a = p.ids, a.ids
+        if len(p) + len(a) + 1 > seq_len:
+            raise ValueError(f"a task row of {len(p) + len(a) + 1} tokens does not fit {seq_len}")
+        xs.append(p + a + [eot] + [eos] * (seq_len - len(p) - len(a) - 1))
+        ms.append([False] * len(p) + [True] * (seq_len - len(p)))
+    return torch.tensor(xs, dtype=torch.int64), torch.tensor(ms, dtype=torch.bool)
+
+
+class TaskProbe:
+    """First-forward figures per task on PER_TASK fixed items of the evaluation set."""
+    PER_TASK, SEQ_LEN = 16, 96
+
+    def __init__(self, tok, ids: dict[str, int]):
+        eot, eos = ids["<|eot_id|>"], ids["<|endoftext|>"]
+        self.rows = {}
+        for task in T.TASKS:
+            items = T.load_eval(tasks=[task], per_task=self.PER_TASK)
+            x, maskable = build_rows(tok, items, self.SEQ_LEN, eot, eos)
+            answer = maskable & (torch.cumsum((x == eot) & maskable, dim=1) - ((x == eot) & maskable).long() == 0)
+            self.rows[task] = (x, maskable, answer)     # answer: the answer's tokens and its <|eot_id|>
+
+    def figures(self, model, mask_id: int) -> dict[str, dict[str, float]]:
+        out = {}
+        with torch.inference_mode():
+            for task, (x, maskable, answer) in self.rows.items():
+                b, length = x.shape
+                fed = torch.where(maskable, torch.full_like(x, mask_id), x).reshape(-1)
+                rows = answer.reshape(-1).nonzero().squeeze(1)
+                logits = model(fed, torch.arange(length).repeat(b), DenseBatch(b), None, rows).float()
+                target = x.reshape(-1)[rows]
+                probs = logits.softmax(-1)
+                p_best, best = probs.max(-1)
+                right = best == target
+                out[task] = {"ce": round(float(F.cross_entropy(logits, target)), 4),
+                             "right_p90": round(float((right & (p_best >= 0.9)).float().mean()), 4),
+                             "right_p50": round(float((right & (p_best >= 0.5)).float().mean()), 4),
+                             "argmax_right": round(float(right.float().mean()), 4)}
+        return out
+
+
+def excluded_keys() -> set[str]:
+    return {T.question_key(i.question) for i in T.load_eval()}
