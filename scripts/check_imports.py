@@ -1,8 +1,8 @@
 """Static checks of the package's module structure (run by tests/unit/test_structure.py):
 
-- no import cycle among the package's modules (module-level imports, `TYPE_CHECKING` ones
-  included: a type-only circle is still a circle in the design);
-- no two modules importing each other, even through imports inside functions;
+- no import cycle of any length among the package's modules, counting every import: module
+  level, `TYPE_CHECKING` ones and those inside functions or methods (a lazy import only hides a
+  circle from Python, not from the design);
 - the front process's layers (engine/, api/) import nothing from worker/ or model/ except
   through the one seam, engine/worker_pool.py (it spawns the worker processes);
 - api/ reads the engine only through AsyncEngine's public surface: no `.scheduler` attribute;
@@ -35,31 +35,23 @@ def _resolve(mod: str, is_pkg: bool, level: int, target: str | None) -> str:
     return ".".join(base + ([target] if target else []))
 
 
-def imports(path: Path, modules: set[str], anywhere: bool = False) -> set[str]:
-    """Package modules `path` imports at module level (not inside functions), or `anywhere`."""
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """Package modules `path` imports anywhere in it (module level, under `if`/`try`, inside
+    functions, methods and classes)."""
     mod, is_pkg = module_name(path), path.name == "__init__.py"
     out: set[str] = set()
-
-    def visit(body):
-        for node in body:
-            if anywhere and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.With)):
-                visit(node.body)
-            if isinstance(node, (ast.If, ast.Try)):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-                for h in getattr(node, "handlers", []):
-                    visit(h.body)
-            elif isinstance(node, ast.Import):
-                out.update(a.name for a in node.names if a.name.startswith("dllm_server"))
-            elif isinstance(node, ast.ImportFrom):
-                base = _resolve(mod, is_pkg, node.level, node.module) if node.level else (node.module or "")
-                for a in node.names:
-                    out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base)
-    visit(ast.parse(path.read_text()).body)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("dllm_server"))
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(mod, is_pkg, node.level, node.module) if node.level else (node.module or "")
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base)
     return {m for m in out if m in modules and m != mod}
 
 
 def graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports, anywhere in it."""
     files = sorted(PKG.rglob("*.py"))
     modules = {module_name(f) for f in files}
     return {module_name(f): imports(f, modules) for f in files}
@@ -82,16 +74,6 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
         if m not in state:
             dfs(m)
     return found
-
-
-def mutual_imports() -> list[str]:
-    """Two modules that import each other, counting imports inside functions: a lazy import only
-    hides the circle from Python, not from the design."""
-    files = sorted(PKG.rglob("*.py"))
-    modules = {module_name(f) for f in files}
-    g = {module_name(f): imports(f, modules, anywhere=True) for f in files}
-    return [f"{a} <-> {b} (imports inside functions counted)" for a in sorted(g) for b in sorted(g[a])
-            if a < b and a in g.get(b, ())]
 
 
 def seam_violations(g: dict[str, set[str]]) -> list[str]:
@@ -123,7 +105,7 @@ def size_violations() -> list[str]:
 
 def main() -> int:
     g = graph()
-    problems = ([" -> ".join(c) for c in cycles(g)] + mutual_imports() + seam_violations(g)
+    problems = ([" -> ".join(c) for c in cycles(g)] + seam_violations(g)
                 + engine_surface_violations() + size_violations())
     print(f"{len(g)} modules, {sum(map(len, g.values()))} import edges: "
           f"{'OK' if not problems else str(len(problems)) + ' problem(s)'}")

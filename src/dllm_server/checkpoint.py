@@ -2,8 +2,8 @@
 loading any weights (the front process reads these and hands the workers the resolved folder; a
 Hugging Face model id is fetched into the library's cache by hub.py). The embedded demo model is a small
 LLaDA-architecture checkpoint shipped in the package (assets/demo-model, trained by
-scripts/train_demo.py; see its MODEL_CARD.md); if the package was installed without it, a seeded
-random tiny checkpoint is written to the user cache once."""
+scripts/train_demo.py; see its MODEL_CARD.md); an installation without it is refused with a clear
+error, never served with random weights."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,6 @@ from .model.args import plain_id_offset
 
 log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
-FALLBACK = Path.home() / ".cache" / "dllm-server" / "tiny-llada"
 
 
 # Diffusion architectures the workers implement (model/loader.py maps each to its module).
@@ -55,11 +54,9 @@ def architecture_of(cfg: dict, where: str = "the checkpoint") -> str:
 def embedded_model_path() -> Path:
     if (ASSET / "config.json").is_file():
         return ASSET
-    if not (FALLBACK / "config.json").is_file():
-        from .model.tiny import make_tiny_model     # only when the package lost its asset
-        log.warning("embedded demo model missing; writing a random tiny checkpoint to %s", FALLBACK)
-        make_tiny_model(FALLBACK, arch="llada", seed=0)
-    return FALLBACK
+    # a package without its asset is a broken install: say so rather than serve random weights
+    raise FileNotFoundError(f"model: the embedded demo model is missing from this installation ({ASSET}); "
+                            "reinstall dllm-server, or name a checkpoint folder or Hugging Face id")
 
 
 def read_config(path: str | Path) -> dict:

@@ -48,6 +48,10 @@ class ServerConfig:
                              "a block's full forward commits only its first position, cached steps feed from the "
                              "block start) or shifted (dInfer's window from one position earlier; docs/decoding.md)",
                              choices=DREAM_DECODING)
+    fixed_matmul_rows: int = _f(0, "run every projection as matmuls of exactly this many rows (the last "
+                                "zero-padded), so a row's result never depends on what it is batched with, on "
+                                "kernels where it otherwise does (each worker checks at start: /version, "
+                                "dllm:batch_invariant; docs/decoding.md). 0: one matmul per projection")
     # --- scheduling (per worker) ---
     token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
                                   "none = unlimited (prefill priority)")
@@ -190,7 +194,8 @@ class ServerConfig:
                 bad(name, f"must be > 0, got {getattr(self, name)}")
         for name, zero in (("socket_send_buffer_bytes", " (0: autotuned)"), ("worker_stall_timeout_s", " (0: off)"),
                            ("hang_at_forward", ""), ("cpu_kernel_cache_entries", " (0: library defaults)"),
-                           ("worker_malloc_trim_s", " (0: never)"), ("cpu_malloc_hold_mb", " (0: glibc's defaults)")):
+                           ("worker_malloc_trim_s", " (0: never)"), ("cpu_malloc_hold_mb", " (0: glibc's defaults)"),
+                           ("fixed_matmul_rows", " (0: off)")):
             if getattr(self, name) < 0:
                 bad(name, f"must be >= 0{zero}, got {getattr(self, name)}")
         if self.cpu_malloc_hold_mb > 2047:      # glibc's thresholds are C ints
@@ -228,7 +233,8 @@ class ServerConfig:
                             self.threshold_policy == "slo" or self.routing == "completion",
                             dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward,
                             cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
-                            malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb)
+                            malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
+                            fixed_matmul_rows=self.fixed_matmul_rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +274,7 @@ class WorkerConfig:
     cpu_kernel_cache_entries: int = 0  # ServerConfig's; 0: leave oneDNN's caches at their defaults
     malloc_trim_s: float = 0.0         # ServerConfig.worker_malloc_trim_s; 0: never
     malloc_hold_mb: int = 0            # ServerConfig.cpu_malloc_hold_mb; 0: glibc's defaults
+    fixed_matmul_rows: int = 0         # ServerConfig.fixed_matmul_rows; 0: off
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

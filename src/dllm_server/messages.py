@@ -203,6 +203,19 @@ class LoadReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RowInvariance:
+    """The worker's batch-invariance self-check (worker/determinism.py): whether its projections'
+    rows are bitwise independent of the call's row count, at the row counts it runs."""
+    holds: bool
+    row_counts: tuple[int, ...]          # checked
+    shapes: tuple[tuple[int, int], ...]  # projection (in, out) shapes checked
+    failures: tuple[str, ...]            # the first few, "in->out: r of n rows"
+    num_failures: int
+    seconds: float
+    fixed_rows: int = 0                  # ServerConfig.fixed_matmul_rows in force (0: off)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerReady:
     worker_id: int
     num_pages: int
@@ -210,6 +223,7 @@ class WorkerReady:
     model: ModelInfo
     profile: tuple[tuple[float, ...], ...] = ()   # start-up iterations: (decode_tokens, decode_keys,
                                                   # prefill_tokens, prefill_sq, seconds)
+    row_invariance: RowInvariance | None = None
 
 
 @dataclass(frozen=True, slots=True)

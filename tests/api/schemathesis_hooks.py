@@ -1,7 +1,6 @@
 """Schemathesis hooks for test_schemathesis.py (loaded through SCHEMATHESIS_HOOKS). JSON Schema
-cannot relate a prompt's token count to max_tokens, nor steps to the answer length: the published
-schema states both rules in those fields' descriptions, and this filter skips the generated bodies
-that break them (test_errors.py checks that such requests are 400s naming the field). Token
+cannot relate a prompt's token count to max_tokens: the published schema states the rule in the
+field's description, and this filter skips the generated bodies that break it (test_errors.py checks that such requests are 400s naming the field). Token
 counts come from the server's own /tokenize, so nothing here re-implements tokenization."""
 from __future__ import annotations
 
@@ -54,8 +53,5 @@ def filter_body(context, body) -> bool:
     if max_tokens < 1 or block < 1:
         return True
     blocks = -(-max_tokens // block)
-    steps = _int(body.get("steps"))
-    if steps is not None and steps >= 1 and not blocks <= steps <= blocks * block:
-        return False                                     # the documented steps rule
     lens = _prompt_lens(path, body)
     return lens is None or max(lens) + blocks * block <= MAX_LEN          # the documented context rule

@@ -12,7 +12,7 @@ BAD_CHAT_FIELDS = [
     ("temperature", -0.5), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("seed", -1),
     ("seed", 2 ** 64), ("stop", 5), ("stop", [""]), ("n", 0), ("n", 129), ("logprobs", True), ("top_logprobs", 3),
     ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("block_length", 0), ("threshold", 2),
-    ("factor", 0), ("steps", 0), ("steps", 10 ** 5), ("remasking", "sideways"), ("remasking", "random"),
+    ("factor", 0), ("steps", 0), ("steps", 10 ** 7), ("remasking", "sideways"), ("remasking", "random"),
     ("stream", "yes"), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.5), ("min_p", -0.1),
     ("stream_options", {"include_usage": True}), ("ignore_eos", "maybe"), ("return_token_ids", []),
     ("entropy_bound", -0.1), ("entropy_bound", "low"),
@@ -32,7 +32,7 @@ def test_bad_chat_field_is_400_naming_it(server, field, value):
 @pytest.mark.parametrize("body,field", [
     ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": [1, 10 ** 7]}, "prompt_token_ids"),
     ({"prompt": [[]]}, "prompt"), ({"prompt": 3}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "max_tokens": 2000}, "max_tokens"), ({"prompt": "x", "steps": 1, "max_tokens": 16}, "steps"),
+    ({"prompt": "x", "max_tokens": 2000}, "max_tokens"),
     ({"prompt": "x", "entropy_bound": 0.5, "factor": 1.0}, "entropy_bound"),
 ])
 def test_bad_completion_bodies(server, body, field):
@@ -87,3 +87,13 @@ def test_api_key(tiny_llada, tmp_path):
         assert httpx.get(s.url + "/metrics", timeout=30).status_code == 200
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("steps,want", [(1, [1, 1, 1]), (10 ** 5, [8, 8, 8]), (5, [2, 2, 1])])
+def test_any_steps_in_the_schema_is_served_one_to_block_len_forwards_a_block(server, steps, want):
+    """`steps` is a budget over the whole answer, taken as at least one forward per block and at
+    most one per position (docs/decoding.md): 3 blocks of 8 here."""
+    body = {"prompt": [6, 7, 8], "max_tokens": 24, "steps": steps, "ignore_eos": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["dllm"]["steps_per_block"] == want

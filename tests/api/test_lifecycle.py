@@ -14,10 +14,10 @@ from reliability.tools import children, worker_pids
 from .conftest import start_server
 
 
-def metric(server, name):
+def metric(server, name, **labels):
     for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=10).text):
         for s in fam.samples:
-            if s.name == name:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return s.value
     return None
 
@@ -73,6 +73,17 @@ def test_metrics_parse_and_count(server):
         assert want in names, want
     assert metric(server, "dllm:generation_tokens_total") >= 1
     assert metric(server, "dllm:canvas_positions_total") > 0
+
+
+def test_version_and_metrics_report_each_workers_batch_invariance_check(server):
+    """The start-up self-check (worker/determinism.py) reaches /version and /metrics, whatever
+    its verdict on this CPU; the demo of a verdict of each kind is tests/unit/test_determinism.py."""
+    v = httpx.get(server.url + "/version", timeout=10).json()
+    check = v["batch_invariance"]["0"]
+    assert isinstance(check["holds"], bool) and check["fixed_matmul_rows"] == 0
+    assert check["row_counts_checked"] > 10 and check["max_rows_checked"] >= 8 and check["projection_shapes"]
+    assert check["holds"] == (check["num_failures"] == 0)
+    assert metric(server, "dllm:batch_invariant", worker="0") == (1.0 if check["holds"] else 0.0)
 
 
 def test_full_queue_answers_503_with_retry_after(tiny_llada, tmp_path):

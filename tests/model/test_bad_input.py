@@ -16,13 +16,19 @@ def llm(tiny_llada):
     ({"prompt_token_ids": [1, -3]}, SamplingParams(), "prompt_token_ids"),
     ({"prompt_token_ids": [1, "a"]}, SamplingParams(), "prompt_token_ids"),
     ("hi", SamplingParams(max_tokens=5000), "max_tokens"),
-    ("hi", SamplingParams(max_tokens=16, steps=1), "steps"),
-    ("hi", SamplingParams(max_tokens=16, steps=17), "steps"),
     (42, SamplingParams(), "prompt"),
 ])
 def test_bad_requests(llm, prompt, params, field):
     with pytest.raises(ValueError, match=field):
         llm.generate(prompt, params)
+
+
+def test_steps_outside_the_blocks_range_run_the_nearest_meaningful_count(llm):
+    """steps below the number of blocks take one forward a block; above the answer length, one a
+    position (decoding/canvas.effective_steps)."""
+    few, many = llm.generate(["hi", "hi"], [SamplingParams(max_tokens=16, steps=1, ignore_eos=True),
+                                            SamplingParams(max_tokens=16, steps=17, ignore_eos=True)])
+    assert few.stats.steps_per_block == [1, 1] and many.stats.steps_per_block == [8, 8]
 
 
 def test_mask_token_in_prompt(llm):

@@ -18,6 +18,7 @@ POLICY = BlockPolicy(0.8, None, 4)
 CANVAS = torch.arange(24, dtype=torch.int64)
 SUBMIT = M.SubmitBlock("r1", 1, 8, CANVAS, PARAMS, POLICY, (2, 5), 7, 1, True, 3, BlockPolicy(0.5))
 INFO = M.ModelInfo("llada", 262, 320, 261, 256, 1024, 64, 2, 4, 4, 16, 128)
+INVARIANCE = M.RowInvariance(False, (1, 2, 32), ((320, 960),), ("320->960: 2 of 64 rows",), 1, 0.01)
 SAMPLES = [
     M.WorkerSpec(0, "colocated", "cpu", 1, "/m", 1, 0, (1,)), INFO, SUBMIT,
     M.ContinueBlock("r1", 1, POLICY), M.ContinueBlock("r1", 2, None),
@@ -27,7 +28,7 @@ SAMPLES = [
     M.RequestFailed("r1", "boom"), M.KVSent(0, 1, ("a",), (0,), (20,), 0), M.PrefillDone("r1", 0, 1),
     M.HandoffDone("r1", 0, 1, False, True, 1024, 0.5),
     M.LoadReport(0, 10, 2, 5, 3, 40, 7, 0.1, 0.05, 24, 1, ServerConfig().worker_policy()),
-    M.WorkerReady(0, 64, 16, INFO), M.WorkerFailed(0, "traceback"),
+    M.WorkerReady(0, 64, 16, INFO, row_invariance=INVARIANCE), INVARIANCE, M.WorkerFailed(0, "traceback"),
 ]
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dllm_server.decoding import unmask
-from dllm_server.decoding.canvas import answer_len, steps_per_block, transfer_counts
+from dllm_server.decoding.canvas import answer_len, effective_steps, steps_per_block, transfer_counts
 
 NAN = float("nan")
 
@@ -100,6 +100,16 @@ def test_transfer_schedule(masked, steps):
 def test_steps_split_across_blocks_and_answer_rounding():
     assert [steps_per_block(10, 4, b) for b in range(4)] == [3, 3, 2, 2]
     assert answer_len(33, 32) == 64 and answer_len(32, 32) == 32
+
+
+def test_any_steps_value_means_one_to_block_len_forwards_per_block():
+    assert effective_steps(1, 128, 32) == 4                  # one per block at least
+    assert effective_steps(131286, 32, 32) == 32             # one per answer position at most
+    assert effective_steps(10, 128, 32) == 10
+    for steps in (1, 3, 4, 7, 64, 128, 129, 10 ** 6):
+        s = effective_steps(steps, 100, 32)
+        split = [steps_per_block(s, 4, b) for b in range(4)]
+        assert sum(split) == s and 1 <= min(split) and max(split) <= 32
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -28,6 +28,9 @@ class EngineCollector:
         seats = GaugeMetricFamily("dllm:worker_max_active_decodes", "a worker's decode seat cap",
                                   labels=labels + ["worker"])
         healthy = GaugeMetricFamily("dllm:worker_up", "1 when the worker is ready and alive", labels=labels + ["worker"])
+        invariant = GaugeMetricFamily("dllm:batch_invariant", "1 when the worker's start-up self-check found its "
+                                      "projections batch-invariant (results bitwise independent of batching and "
+                                      "placement), 0 when not", labels=labels + ["worker"])
         xfer_b = CounterMetricFamily("dllm:kv_transfer_bytes", "KV bytes sent between workers", labels=labels)
         xfer_s = CounterMetricFamily("dllm:kv_transfer_seconds", "seconds spent sending KV", labels=labels)
         handoffs = CounterMetricFamily("dllm:kv_handoffs", "blocks moved to a decode worker", labels=labels)
@@ -67,6 +70,8 @@ class EngineCollector:
                 tau.add_metric(wl, w.policy.token_budget or 0)
                 seats.add_metric(wl, w.policy.max_active_decodes)
                 healthy.add_metric(wl, 1.0 if w.up else 0.0)
+                if w.row_invariance is not None:
+                    invariant.add_metric(wl, 1.0 if w.row_invariance.holds else 0.0)
             c = s.counters
             xfer_b.add_metric(m, c.kv_transfer_bytes)
             xfer_s.add_metric(m, c.kv_transfer_seconds)
@@ -88,7 +93,7 @@ class EngineCollector:
                         pred_err.add_metric(m + [when], v)
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
-        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, xfer_b, xfer_s, handoffs, stall,
+        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, invariant, xfer_b, xfer_s, handoffs, stall,
                     continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed)
 
 

@@ -1,7 +1,7 @@
 """The OpenAPI document, generated from the pydantic request models, with the served model's own
 bounds (context, vocabulary, mask id) filled in once the workers have reported them: a request the
-schema allows is one the server accepts, except for the cross-field rules the fields' descriptions
-state (the prompt's token count against max_tokens, steps against the answer length)."""
+schema allows is one the server accepts, except for the cross-field rule the fields' descriptions
+state (the prompt's token count plus max_tokens against the context)."""
 from __future__ import annotations
 
 from .. import __version__

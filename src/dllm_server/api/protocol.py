@@ -91,9 +91,9 @@ class DiffusionFields(OpenAIModel):
     block_length: integer(ge=1, le=256) | None = None
     threshold: float | None = Field(None, ge=0, le=1)
     factor: float | None = Field(None, gt=0, le=1e6, description="not with steps")
-    steps: integer(ge=1, le=1_000_000) | None = Field(None, description="forwards over the whole answer (LLaDA); "
-                              "between the number of blocks and the answer length (max_tokens rounded up to "
-                              "whole blocks), else 400 naming steps; not with factor")
+    steps: integer(ge=1, le=1_000_000) | None = Field(None, description="forwards over the whole answer (LLaDA), "
+                              "split over the blocks; taken as at least one per block and at most one per answer "
+                              "position (max_tokens rounded up to whole blocks); not with factor")
     entropy_bound: float | None = Field(None, ge=0, le=1e6, description="dllm: the EB-sampler rule: commit, by "
                                         "confidence, the most masked positions whose entropies summed less their "
                                         "largest stay <= this; not with factor or steps")

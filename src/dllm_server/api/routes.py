@@ -249,7 +249,19 @@ class Routes:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, request: Request) -> Response:
-        return JSONResponse({"version": __version__})
+        """The version, and each worker's batch-invariance self-check (docs/decoding.md)."""
+        checks = {}
+        if self.engine.is_started:
+            for w in self.engine.stats().workers:
+                r = w.row_invariance
+                if r is not None:
+                    checks[str(w.worker_id)] = {"holds": r.holds, "fixed_matmul_rows": r.fixed_rows,
+                                                "row_counts_checked": len(r.row_counts),
+                                                "max_rows_checked": max(r.row_counts, default=0),
+                                                "projection_shapes": [list(s) for s in r.shapes],
+                                                "num_failures": r.num_failures, "failures": list(r.failures),
+                                                "seconds": r.seconds}
+        return JSONResponse({"version": __version__, "batch_invariance": checks})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -19,8 +19,8 @@ def block_bounds(prompt_len: int, block_index: int, block_len: int) -> tuple[int
 
 
 def steps_per_block(steps: int, n_blocks: int, block_index: int) -> int:
-    """Split `steps` (over the whole answer, as LLaDA's generate) across blocks; earlier blocks
-    take the remainder so the total is exactly `steps`."""
+    """Split `steps` (over the whole answer, as LLaDA's generate; effective_steps first) across
+    blocks; earlier blocks take the remainder so the total is exactly `steps`."""
     base, extra = divmod(steps, n_blocks)
     return base + (1 if block_index < extra else 0)
 
@@ -31,10 +31,7 @@ def transfer_counts(num_masked: int, num_steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_steps)]
 
 
-def validate_steps(steps: int, max_tokens: int, block_len: int) -> None:
-    n = num_blocks(max_tokens, block_len)
-    if steps < n:
-        raise ValueError(f"steps: must be >= the number of blocks ({n}), got {steps}")
-    if steps > answer_len(max_tokens, block_len):
-        raise ValueError(
-            f"steps: must be <= the answer length ({answer_len(max_tokens, block_len)}), got {steps}")
+def effective_steps(steps: int, max_tokens: int, block_len: int) -> int:
+    """A request's `steps` as the engine runs it: at least one forward per block, at most one per
+    answer position (more would commit nothing), so every schema-valid value means something."""
+    return min(max(steps, num_blocks(max_tokens, block_len)), answer_len(max_tokens, block_len))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..decoding.canvas import answer_len, validate_steps
+from ..decoding.canvas import answer_len
 from ..decoding.params import DecodeParams, SamplingParams
 from ..messages import ModelInfo
 from .tokenize import Tokenizer
@@ -68,5 +68,3 @@ def check_request(ids: list[int], params: SamplingParams, resolved: DecodeParams
         raise ValueError(f"max_tokens: prompt ({len(ids)} tokens) + answer ({params.max_tokens} tokens, "
                          f"rounded up to whole blocks of {resolved.block_length}) = {canvas} exceeds the "
                          f"model context of {args.max_len}")
-    if params.steps is not None:
-        validate_steps(params.steps, resolved.max_tokens, resolved.block_length)

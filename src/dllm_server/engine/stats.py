@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..config import WorkerPolicy
+from ..messages import RowInvariance
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class WorkerStats:
     num_iterations: int
     policy: WorkerPolicy
     pid: int | None = None
+    row_invariance: RowInvariance | None = None   # the worker's batch-invariance self-check
 
     @property
     def used_pages(self) -> int:
@@ -87,7 +89,7 @@ def snapshot(sched, pids: dict[int, int | None]) -> EngineStats:
         w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
         w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
         w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
-        w.report.num_iterations if w.report else 0, w.policy, pids.get(w.worker_id))
+        w.report.num_iterations if w.report else 0, w.policy, pids.get(w.worker_id), w.row_invariance)
         for w in sched.workers)
     n_wait = sched.requests.num_waiting
     summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..config import WorkerPolicy
-from ..messages import LoadReport, ModelInfo, SetPolicy, WorkerReady
+from ..messages import LoadReport, ModelInfo, RowInvariance, SetPolicy, WorkerReady
 from .placement import WorkerLoad
 
 
@@ -23,6 +23,7 @@ class WorkerInfo:
     report: LoadReport | None = None
     reserved_pages: int = 0              # promised to handoffs on their way in
     outstanding_prefill_tokens: int = 0  # routed here, not yet started
+    row_invariance: RowInvariance | None = None   # its start-up self-check (worker/determinism.py)
 
     @property
     def available(self) -> bool:
@@ -76,6 +77,7 @@ class WorkerTable:
         w = self.workers[msg.worker_id]
         w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
         w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
+        w.row_invariance = msg.row_invariance
         self.model = msg.model
 
     def on_report(self, wid: int, msg: LoadReport) -> bool:

@@ -65,8 +65,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class ServingLinear(nn.Module):
     """One or more Linears side by side (outputs concatenated), as x @ W^T with W^T stored
     contiguous. At the few-row shapes of block steps (8-64 rows) MKL ran this 10-80 % faster than
-    F.linear's transposed weight here (docs/benchmarks.md §8), and a row's result does not depend on how many rows the call
-    has from 2 rows up (F.linear's differs below 10 rows): batch invariance. Serving only: no grad."""
+    F.linear's transposed weight here (docs/benchmarks.md §8). Whether a row's result depends on how
+    many rows the call has (batch invariance) is the kernel's affair and differs by shape and CPU:
+    worker/determinism.py measures it; `fixed_rows` > 0 forces it by running every call as matmuls
+    of exactly that many rows (the last one zero-padded). Serving only: no grad."""
 
     def __init__(self, *linears: nn.Linear, rows: int | None = None):
         super().__init__()
@@ -74,9 +76,24 @@ class ServingLinear(nn.Module):
         self.weight_t = nn.Parameter(w.t().contiguous(), requires_grad=False)
         self.bias = (None if linears[0].bias is None else
                      nn.Parameter(torch.cat([m.bias for m in linears])[:rows], requires_grad=False))
+        self.fixed_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fixed_rows and x.shape[0] != self.fixed_rows:
+            return self._fixed(x)
         return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
+
+    def _fixed(self, x: torch.Tensor) -> torch.Tensor:
+        c, n = self.fixed_rows, x.shape[0]
+        if n % c:
+            x = torch.cat([x, x.new_zeros(c - n % c, x.shape[1])])
+        out = x.new_empty(x.shape[0], self.weight_t.shape[1])
+        for i in range(0, x.shape[0], c):
+            if self.bias is None:
+                torch.mm(x[i:i + c], self.weight_t, out=out[i:i + c])
+            else:
+                torch.addmm(self.bias, x[i:i + c], self.weight_t, out=out[i:i + c])
+        return out[:n]
 
 
 class Projections(nn.Module):

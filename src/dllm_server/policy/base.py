@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..decoding.canvas import steps_per_block
+from ..decoding.canvas import effective_steps, steps_per_block
 from ..decoding.params import BlockPolicy
 from ..engine.request_state import GenerationOutput, RequestState
 from ..messages import BlockDone, LoadReport, StepDelta
@@ -67,7 +67,8 @@ def request_rule(state: RequestState, block_index: int, default_threshold: float
     """The request's own rule: its threshold (else `default_threshold`), its factor, its entropy
     bound, or its fixed steps split over the blocks as LLaDA does."""
     s = state.sampling
-    steps = None if s.steps is None else steps_per_block(s.steps, state.num_blocks, block_index)
+    steps = None if s.steps is None else steps_per_block(
+        effective_steps(s.steps, state.params.max_tokens, state.params.block_length), state.num_blocks, block_index)
     return BlockPolicy(default_threshold if s.threshold is None else s.threshold, s.factor, steps, s.entropy_bound)
 
 

@@ -12,6 +12,7 @@ from ..messages import ModelInfo
 from ..model.args import ModelArgs
 from ..model.loader import load_model
 from .core import WorkerCore
+from .determinism import set_fixed_rows
 from .handoff import WorkerHandoffs
 from .kv_pool import KVPool
 from .kv_transfer import TorchTransport, Waiter
@@ -28,6 +29,7 @@ def build_core(config: WorkerConfig, model_path: str, device: torch.device, work
                transfers: bool = False, emit: Callable[[list], None] | None = None) -> tuple[WorkerCore, ModelInfo]:
     """`transfers`: this worker sends or receives KV (a torch.distributed group must exist)."""
     model, args, dtype = load_model(model_path, config.dtype, device)
+    set_fixed_rows(model, config.fixed_matmul_rows)
     pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.num_kv_heads, args.head_dim, dtype, device)
     stepper = ModelStepper(config, model, args, pool, device)
     handoffs = WorkerHandoffs(worker_id, pool, TorchTransport(worker_id, pool.layers, Waiter(device))) if transfers \

@@ -18,10 +18,12 @@ import torch.distributed as dist
 from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
 from .build import build_core, startup_profile
+from .determinism import check_model, summary as invariance_summary
 from .kv_transfer import connect_peers
 from .memory import IdleTrim, bound_kernel_caches, hold_freed_memory
 from .turn import take_turn
 
+log = logging.getLogger("dllm_server.worker")
 HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not
 
 
@@ -79,8 +81,10 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
                                 rank=spec.worker_id, world_size=spec.world_size)
         connect_peers(spec.worker_id, list(spec.kv_peers), device)
     core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put)
+    invariance = check_model(core.stepper.runner.model, config.block_length, config.policy.max_active_decodes)
+    log.info("worker %d: %s", spec.worker_id, invariance_summary(invariance))
     profile = startup_profile(core, info)
-    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile)])
+    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile, invariance)])
     iterations = handled = 0
     trim = IdleTrim(config.malloc_trim_s)
     last_put = time.perf_counter()

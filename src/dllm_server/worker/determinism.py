@@ -1,0 +1,91 @@
+"""Batch invariance, checked on this device at worker start: does a row's result of the model's
+projections depend on how many rows share the matmul?
+
+Every other op of a forward is per row (norms, rotary, activations) or per sequence (attention:
+one call per sequence), so when the projections are row-invariant a request's logits, and with
+them its tokens, are bitwise the same whatever it is batched with: placement and load change
+nothing. Whether they are is a property of the matmul kernels (MKL / oneDNN / cuBLAS pick their
+blocking by the row count), which differs between CPUs, so it is measured rather than assumed.
+`fixed_matmul_rows` (ServerConfig) forces it at a cost: every projection runs as matmuls of one
+fixed row count (layers.ServingLinear), which this check then verifies too.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..messages import RowInvariance
+from ..model.layers import ServingLinear
+
+SMALL_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 100, 127, 129, 255)
+FLOP_BUDGET = {"cpu": 4e9, "cuda": 4e12}      # per projection shape: bounds the check's start-up cost
+MAX_FAILURES = 8
+
+
+def row_counts(block_len: int, max_active_decodes: int, max_rows: int) -> list[int]:
+    """Row counts a worker's forwards have: block steps of 1..max_active_decodes requests (a
+    multiple of the block), prefills of any length (the small and odd counts stand for them)."""
+    counts = set(SMALL_ROWS) | {k * block_len for k in range(1, max_active_decodes + 1)}
+    return sorted(c for c in counts if 1 <= c < max_rows)
+
+
+def check_rows(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: Iterable[int]) -> list[int]:
+    """The row counts r for which some r rows of `x`, alone in the call, differ bitwise from the
+    same rows inside the call over all of `x` (rows taken at the start and at the end)."""
+    with torch.inference_mode():
+        full = matmul(x)
+        n = x.shape[0]
+        return [r for r in counts
+                if not torch.equal(matmul(x[:r]), full[:r]) or not torch.equal(matmul(x[n - r:]), full[n - r:])]
+
+
+def projections(model: nn.Module) -> dict[tuple[int, int], ServingLinear]:
+    """One projection per distinct (in, out) shape."""
+    out: dict[tuple[int, int], ServingLinear] = {}
+    for m in model.modules():
+        if isinstance(m, ServingLinear):
+            out.setdefault(tuple(m.weight_t.shape), m)
+    return out
+
+
+def check_model(model: nn.Module, block_len: int, max_active_decodes: int, seed: int = 0) -> RowInvariance:
+    """Batch invariance of `model`'s projections at the row counts its worker runs."""
+    t0 = time.perf_counter()
+    failures, checked, shapes = [], set(), []
+    g = torch.Generator().manual_seed(seed)
+    for (k, n), lin in sorted(projections(model).items()):
+        w = lin.weight_t
+        budget = FLOP_BUDGET.get(w.device.type, FLOP_BUDGET["cpu"])
+        max_rows = int(max(64, min(block_len * max_active_decodes + 1, 4096, budget / (2 * k * n))))
+        x = torch.randn(max_rows, k, generator=g).to(device=w.device, dtype=w.dtype)
+        counts = row_counts(block_len, max_active_decodes, max_rows)
+        checked.update(counts)
+        shapes.append((k, n))
+        failures += [f"{k}->{n}: {r} of {max_rows} rows" for r in check_rows(lin, x, counts)]
+    return RowInvariance(not failures, tuple(sorted(checked)), tuple(shapes), tuple(failures[:MAX_FAILURES]),
+                         len(failures), round(time.perf_counter() - t0, 3), fixed_rows=fixed_rows_of(model))
+
+
+def fixed_rows_of(model: nn.Module) -> int:
+    return next((m.fixed_rows for m in model.modules() if isinstance(m, ServingLinear)), 0)
+
+
+def set_fixed_rows(model: nn.Module, rows: int) -> None:
+    """Every projection runs as matmuls of exactly `rows` rows (0: one call of any size)."""
+    for m in model.modules():
+        if isinstance(m, ServingLinear):
+            m.fixed_rows = rows
+
+
+def summary(r: RowInvariance) -> str:
+    mode = f"fixed {r.fixed_rows}-row matmuls" if r.fixed_rows else "one matmul per projection"
+    if r.holds:
+        return (f"batch invariance holds ({mode}; {len(r.shapes)} projection shapes, {len(r.row_counts)} row counts "
+                f"up to {max(r.row_counts, default=0)}, {r.seconds:.2f} s): results are bitwise independent of "
+                "batching and placement")
+    return (f"batch invariance does NOT hold on this device ({mode}; {r.num_failures} failures, e.g. "
+            f"{'; '.join(r.failures[:3])}): results may differ with batching and placement in rounding, so tokens "
+            "can differ where two candidates nearly tie; --fixed-matmul-rows forces it (docs/decoding.md)")
