@@ -21,15 +21,30 @@ from ..messages import RowInvariance
 from ..model.layers import ServingLinear
 
 SMALL_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 100, 127, 129, 255)
-FLOP_BUDGET = {"cpu": 4e9, "cuda": 4e12}      # per projection shape: bounds the check's start-up cost
+DECODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Per projection shape: bounds the check's start-up cost (~0.05 s a shape on one CPU thread here)
+FLOP_BUDGET = {"cpu": 1.5e9, "cuda": 2e12}
 MAX_FAILURES = 8
 
 
 def row_counts(block_len: int, max_active_decodes: int, max_rows: int) -> list[int]:
-    """Row counts a worker's forwards have: block steps of 1..max_active_decodes requests (a
-    multiple of the block), prefills of any length (the small and odd counts stand for them)."""
-    counts = set(SMALL_ROWS) | {k * block_len for k in range(1, max_active_decodes + 1)}
+    """Row counts a worker's forwards have: block steps of a sample of 1..max_active_decodes
+    requests (multiples of the block), prefills of any length (the small and odd counts stand
+    for them); all below `max_rows`, the reference call's."""
+    counts = set(SMALL_ROWS) | {k * block_len for k in DECODES if k <= max_active_decodes}
     return sorted(c for c in counts if 1 <= c < max_rows)
+
+
+def within_budget(counts: list[int], flops_per_row: float, budget: float) -> tuple[list[int], int]:
+    """The largest prefix of `counts` (ascending) and the reference row count whose check (the
+    reference call, then two calls per count) stays within `budget` FLOPs."""
+    kept = list(counts)
+    while kept:
+        ref = kept[-1] + 1
+        if flops_per_row * (ref + 2 * sum(kept)) <= budget:
+            return kept, ref
+        kept.pop()
+    return [], 2
 
 
 def check_rows(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: Iterable[int]) -> list[int]:
@@ -58,10 +73,9 @@ def check_model(model: nn.Module, block_len: int, max_active_decodes: int, seed:
     g = torch.Generator().manual_seed(seed)
     for (k, n), lin in sorted(projections(model).items()):
         w = lin.weight_t
-        budget = FLOP_BUDGET.get(w.device.type, FLOP_BUDGET["cpu"])
-        max_rows = int(max(64, min(block_len * max_active_decodes + 1, 4096, budget / (2 * k * n))))
+        wanted = row_counts(block_len, max_active_decodes, block_len * max_active_decodes + 1)
+        counts, max_rows = within_budget(wanted, 2.0 * k * n, FLOP_BUDGET.get(w.device.type, FLOP_BUDGET["cpu"]))
         x = torch.randn(max_rows, k, generator=g).to(device=w.device, dtype=w.dtype)
-        counts = row_counts(block_len, max_active_decodes, max_rows)
         checked.update(counts)
         shapes.append((k, n))
         failures += [f"{k}->{n}: {r} of {max_rows} rows" for r in check_rows(lin, x, counts)]
