@@ -25,6 +25,18 @@ GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": 
                        "max_new_tokens": "max_tokens"}
 
 
+# Where each architecture's config.json keeps its attention and KV head counts.
+HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads")}
+
+
+def head_counts(cfg: dict, where: str = "the checkpoint") -> tuple[int, int]:
+    """(attention heads, KV heads) from config.json, before any weights load (the tensor-parallel
+    degree is checked against them)."""
+    heads_key, kv_key = HEAD_KEYS[architecture_of(cfg, where)]
+    heads = int(cfg[heads_key])
+    return heads, int(cfg.get(kv_key) or heads)
+
+
 def model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> Path:
     """The folder to serve: a local folder, a Hugging Face model id (ORG/NAME: fetched into its
     cache, or `download_dir`), else the embedded demo model."""

@@ -83,6 +83,10 @@ class ServerConfig:
                         choices=("colocated", "disaggregated", "hybrid"))
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
+    tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
+                                   "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
+                                   "heads and MLP rows; must divide the model's attention and KV heads; colocated "
+                                   "placement only for now (docs/parallelism.md)")
     kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver is picked at "
                           "dispatch and each layer is sent as the prefill forward finishes it) or "
                           "after_prefill (picked and sent once the prefill step is done)",
@@ -177,6 +181,12 @@ class ServerConfig:
             bad("num_workers", f"must be >= 1, got {self.num_workers}")
         if self.num_prefill_workers < 1:
             bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
+        if isinstance(self.tensor_parallel_size, bool) or self.tensor_parallel_size < 1:
+            bad("tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.placement != "colocated":
+            bad("tensor_parallel_size", f"{self.tensor_parallel_size} with {self.placement} placement is not supported "
+                "yet (its KV handoff moves whole-model pages between single-process workers): use colocated "
+                "placement, or tensor_parallel_size 1")
         if self.overflow_threshold_tokens < 0:
             bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
         if not 0 < self.port < 65536:
@@ -200,6 +210,13 @@ class ServerConfig:
                 bad(name, f"must be >= 0{zero}, got {getattr(self, name)}")
         if self.cpu_malloc_hold_mb > 2047:      # glibc's thresholds are C ints
             bad("cpu_malloc_hold_mb", f"must be <= 2047, got {self.cpu_malloc_hold_mb}")
+
+    def check_model_heads(self, num_heads: int, num_kv_heads: int) -> None:
+        """The rules that need the model's head counts (read from its config.json before any
+        weights load)."""
+        why = tp_degree_error(self.tensor_parallel_size, num_heads, num_kv_heads)
+        if why:
+            raise ValueError(f"tensor_parallel_size: {why}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:
@@ -234,7 +251,7 @@ class ServerConfig:
                             dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward,
                             cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
                             malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
-                            fixed_matmul_rows=self.fixed_matmul_rows)
+                            fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +292,18 @@ class WorkerConfig:
     malloc_trim_s: float = 0.0         # ServerConfig.worker_malloc_trim_s; 0: never
     malloc_hold_mb: int = 0            # ServerConfig.cpu_malloc_hold_mb; 0: glibc's defaults
     fixed_matmul_rows: int = 0         # ServerConfig.fixed_matmul_rows; 0: off
+    tensor_parallel_size: int = 1      # ranks of this worker's instance (worker/tp.py)
+
+
+def tp_degree_error(size: int, num_heads: int, num_kv_heads: int) -> str | None:
+    """Why `size` cannot shard a model with these head counts (model/tp.py splits both), or None."""
+    if size < 1:
+        return f"must be >= 1, got {size}"
+    if num_heads % size or num_kv_heads % size:
+        allowed = [d for d in range(1, 65) if num_heads % d == 0 and num_kv_heads % d == 0]
+        return (f"{size} does not divide the model's {num_heads} attention heads and {num_kv_heads} KV heads "
+                f"(allowed: {', '.join(map(str, allowed))})")
+    return None
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:

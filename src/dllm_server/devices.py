@@ -24,12 +24,21 @@ def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
                          f"colocated placement or --device cpu")
 
 
-def worker_devices(device: str, placement: str, num_workers: int) -> list[str]:
-    """The device of every worker: CUDA devices round-robin, or the CPU for all."""
+def worker_devices(device: str, placement: str, num_workers: int, tp: int = 1) -> list[tuple[str, ...]]:
+    """The device of every rank of every worker (instance): CUDA devices round-robin, or the CPU
+    for all."""
     import torch
     kind = resolve_device(device)
     if kind == "cpu":
-        return ["cpu"] * num_workers
+        return [("cpu",) * tp] * num_workers
     count = torch.cuda.device_count()
     check_gpu_count(placement, num_workers, count)
-    return [f"cuda:{i % count}" for i in range(num_workers)]
+    check_tp_gpus(tp, count)
+    return [tuple(f"cuda:{(i * tp + r) % count}" for r in range(tp)) for i in range(num_workers)]
+
+
+def check_tp_gpus(tp: int, num_gpus: int) -> None:
+    """The ranks of one tensor-parallel instance need a GPU each (NCCL refuses two ranks on one)."""
+    if tp > num_gpus:
+        raise ValueError(f"tensor_parallel_size: {tp} needs {tp} GPUs per instance (one per rank), {num_gpus} "
+                         "visible; use a smaller degree or --device cpu")

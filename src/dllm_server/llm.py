@@ -33,6 +33,9 @@ from .worker.build import build_core
 class LLM:
     def __init__(self, model: str | None = None, policy: DecodePolicy | None = None, **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
+        if self.config.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size: the offline LLM runs one process; tensor-parallel instances run "
+                             "in `dllm-server serve` (docs/parallelism.md)")
         self.path = model_path(self.config.model, self.config.revision, self.config.download_dir)
         architecture_of(read_config(self.path), self.config.model or str(self.path))
         self.generation_config, self.sampling_defaults = request_defaults(self.path, self.config.generation_config)

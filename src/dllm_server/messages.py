@@ -28,6 +28,9 @@ class WorkerSpec:
     dist_port: int
     kv_peers: tuple[int, ...] = ()   # workers this one sends KV to or receives KV from
     restarts: int = 0         # processes this worker id had before this one (test faults fire in the first)
+    tp_rank: int = 0          # its rank in its tensor-parallel instance (0 leads: the worker the front knows)
+    tp_size: int = 1
+    tp_port: int = 0          # the instance's own torch.distributed rendezvous
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +227,8 @@ class WorkerReady:
     profile: tuple[tuple[float, ...], ...] = ()   # start-up iterations: (decode_tokens, decode_keys,
                                                   # prefill_tokens, prefill_sq, seconds)
     row_invariance: RowInvariance | None = None
+    tp_size: int = 1                      # ranks of this instance
+    rank_rss_mb: tuple[float, ...] = ()   # each rank's resident memory after loading its weights
 
 
 @dataclass(frozen=True, slots=True)

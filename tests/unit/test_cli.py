@@ -66,3 +66,11 @@ def test_worker_policy_rules_live_in_the_config():
     w = ServerConfig(token_budget=None, credit_share=0.25).worker_config()
     assert w.policy.token_budget is None and w.policy.credit_share == 0.25
     assert not hasattr(w, "api_key")            # workers get only what they need
+
+
+def test_serve_with_an_invalid_tensor_parallel_degree_fails_with_one_line_before_loading(tiny_llada, capsys):
+    from dllm_server.cli import main
+    assert main(["serve", tiny_llada, "--tensor-parallel-size", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dllm-server: error: tensor_parallel_size: 3 does not divide the model's 4 attention heads and "
+                   "4 KV heads (allowed: 1, 2, 4)"]

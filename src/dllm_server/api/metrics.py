@@ -28,6 +28,10 @@ class EngineCollector:
         seats = GaugeMetricFamily("dllm:worker_max_active_decodes", "a worker's decode seat cap",
                                   labels=labels + ["worker"])
         healthy = GaugeMetricFamily("dllm:worker_up", "1 when the worker is ready and alive", labels=labels + ["worker"])
+        tp_size = GaugeMetricFamily("dllm:instance_tp_size", "tensor-parallel degree of a worker (model instance): "
+                                    "its processes", labels=labels + ["worker"])
+        pages = GaugeMetricFamily("dllm:worker_kv_pages", "KV pages of a worker (the same page table on each of "
+                                  "its ranks, each holding its own heads)", labels=labels + ["worker"])
         invariant = GaugeMetricFamily("dllm:batch_invariant", "1 when the worker's start-up self-check found its "
                                       "projections batch-invariant (results bitwise independent of batching and "
                                       "placement), 0 when not", labels=labels + ["worker"])
@@ -70,6 +74,8 @@ class EngineCollector:
                 tau.add_metric(wl, w.policy.token_budget or 0)
                 seats.add_metric(wl, w.policy.max_active_decodes)
                 healthy.add_metric(wl, 1.0 if w.up else 0.0)
+                tp_size.add_metric(wl, w.tp_size)
+                pages.add_metric(wl, w.num_pages)
                 if w.row_invariance is not None:
                     invariant.add_metric(wl, 1.0 if w.row_invariance.holds else 0.0)
             c = s.counters
@@ -93,7 +99,7 @@ class EngineCollector:
                         pred_err.add_metric(m + [when], v)
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
-        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, invariant, xfer_b, xfer_s, handoffs, stall,
+        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
                     continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed)
 
 

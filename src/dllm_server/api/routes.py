@@ -250,9 +250,11 @@ class Routes:
 
     async def version(self, request: Request) -> Response:
         """The version, and each worker's batch-invariance self-check (docs/decoding.md)."""
-        checks = {}
+        checks, instances = {}, []
         if self.engine.is_started:
             for w in self.engine.stats().workers:
+                instances.append({"worker": w.worker_id, "role": w.role, "tensor_parallel_size": w.tp_size,
+                                  "kv_pages": w.num_pages, "rank_rss_mb": [round(r, 1) for r in w.rank_rss_mb]})
                 r = w.row_invariance
                 if r is not None:
                     checks[str(w.worker_id)] = {"holds": r.holds, "fixed_matmul_rows": r.fixed_rows,
@@ -261,7 +263,7 @@ class Routes:
                                                 "projection_shapes": [list(s) for s in r.shapes],
                                                 "num_failures": r.num_failures, "failures": list(r.failures),
                                                 "seconds": r.seconds}
-        return JSONResponse({"version": __version__, "batch_invariance": checks})
+        return JSONResponse({"version": __version__, "instances": instances, "batch_invariance": checks})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -14,7 +14,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
-from ..checkpoint import architecture_of, model_path, read_config, request_defaults
+from ..checkpoint import head_counts, model_path, read_config, request_defaults
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
@@ -51,13 +51,15 @@ class AsyncEngine:
     def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None):
         self.config = config
         self.path = model_path(config.model, config.revision, config.download_dir)
-        architecture_of(read_config(self.path), config.model or str(self.path))   # a clear error now, not in a worker
+        cfg = read_config(self.path)
+        config.check_model_heads(*head_counts(cfg, config.model or str(self.path)))   # a clear error now, not in a worker
         self.generation_config, self.sampling_defaults = request_defaults(self.path, config.generation_config)
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
         self.load = WorkerLoadModel(config.block_length)       # step-time models, shared by policy and router
         self.policy = policy or make_policy(config, self.path, self.load)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
-        self.devices = worker_devices(config.device, config.placement, len(self.roles))   # fails here, clearly
+        self.devices = worker_devices(config.device, config.placement, len(self.roles),   # fails here, clearly
+                                      config.tensor_parallel_size)
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
         self.model_info: ModelInfo | None = None
@@ -138,7 +140,7 @@ class AsyncEngine:
         return len(self.scheduler.requests) if self.scheduler else 0
 
     def stats(self) -> EngineStats:
-        pids = {wid: self.pool.pid(wid) for wid in range(len(self.roles))} if self.pool else {}
+        pids = {wid: self.pool.pids(wid) for wid in range(len(self.roles))} if self.pool else {}
         return snapshot(self.scheduler, pids)
 
     def iteration_trace(self) -> list[tuple[float, LoadReport]]:

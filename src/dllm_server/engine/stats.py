@@ -42,6 +42,9 @@ class WorkerStats:
     policy: WorkerPolicy
     pid: int | None = None
     row_invariance: RowInvariance | None = None   # the worker's batch-invariance self-check
+    tp_size: int = 1                     # its tensor-parallel ranks (processes)
+    rank_pids: tuple[int | None, ...] = ()
+    rank_rss_mb: tuple[float, ...] = ()  # each rank's resident memory after loading
 
     @property
     def used_pages(self) -> int:
@@ -83,13 +86,14 @@ class EngineStats:
         return sum(w.up for w in self.workers)
 
 
-def snapshot(sched, pids: dict[int, int | None]) -> EngineStats:
-    """Build the snapshot from a Scheduler's parts."""
+def snapshot(sched, pids: dict[int, list[int | None]]) -> EngineStats:
+    """Build the snapshot from a Scheduler's parts; `pids`: every rank's process id per worker."""
     workers = tuple(WorkerStats(
         w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
         w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
         w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
-        w.report.num_iterations if w.report else 0, w.policy, pids.get(w.worker_id), w.row_invariance)
+        w.report.num_iterations if w.report else 0, w.policy, (pids.get(w.worker_id) or [None])[0], w.row_invariance,
+        w.tp_size, tuple(pids.get(w.worker_id) or ()), w.rank_rss_mb)
         for w in sched.workers)
     n_wait = sched.requests.num_waiting
     summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None

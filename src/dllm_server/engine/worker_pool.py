@@ -3,12 +3,19 @@ worker, a reader thread per outbox feeding the asyncio loop, liveness by process
 its sentinel, independently of the outbox), restart and join. Holds no policy: deaths and
 messages are handed to callbacks on the loop.
 
+A worker is a model *instance*: with tensor_parallel_size d it is d processes (rank 0 leads and
+owns the inbox and outbox; the followers only run the sharded forwards its plans describe), in
+a torch.distributed world of their own, so restarting one instance touches no other. Any rank's
+death is its instance's: the others are killed at once (they would wait in a collective), and
+the death is reported once, for the worker id.
+
 This is the front process's one seam to the worker side: the only engine/ or api/ module that
 imports from worker/ (the process entry point it spawns). Everything else crosses as messages."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -36,6 +43,7 @@ class _Slot:
     process: object
     inbox: object
     outbox: object
+    followers: list = field(default_factory=list)   # tensor-parallel ranks 1..d-1 (processes)
     reader: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     death_reported: bool = False        # by a thread (once)
@@ -60,7 +68,8 @@ class WorkerPool:
         # Leave a core to the front process: OpenMP threads that lose their core to it spin at
         # barriers, which on 2 cores made a 2-thread worker 15x slower (bench/http_vs_offline.py).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.threads = config.threads_per_worker or max(1, (cores - 1) // len(roles))
+        self.tp = config.tensor_parallel_size
+        self.threads = config.threads_per_worker or max(1, (cores - 1) // (len(roles) * self.tp))
 
     @property
     def uses_process_group(self) -> bool:
@@ -74,15 +83,24 @@ class WorkerPool:
     def _start(self, wid: int, port: int) -> None:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
-        spec = WorkerSpec(wid, self.roles[wid], self.devices[wid], self.threads, self.model_path,
-                          len(self.roles) if self.uses_process_group else 1, port, peers, self.starts.get(wid, 0))
+        tp_port = free_port() if self.tp > 1 else 0
+        spec = WorkerSpec(wid, self.roles[wid], self.devices[wid][0], self.threads, self.model_path,
+                          len(self.roles) if self.uses_process_group else 1, port, peers, self.starts.get(wid, 0),
+                          0, self.tp, tp_port)
         self.starts[wid] = self.starts.get(wid, 0) + 1
         inbox, outbox = self.ctx.Queue(), Outbox(self.ctx)
         proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox.writer),
                                 name=f"dllm-worker-{wid}", daemon=True)
         proc.start()
         outbox.close_writer()
-        slot = _Slot(spec, proc, inbox, outbox)
+        followers = []
+        for rank in range(1, self.tp):
+            follower = dataclasses.replace(spec, device=self.devices[wid][rank], tp_rank=rank)
+            p = self.ctx.Process(target=worker_main, args=(follower, self.worker_config, None, None),
+                                 name=f"dllm-worker-{wid}-rank{rank}", daemon=True)
+            p.start()
+            followers.append(p)
+        slot = _Slot(spec, proc, inbox, outbox, followers)
         self.slots[wid] = slot
         self._monitor(slot)
 
@@ -104,14 +122,17 @@ class WorkerPool:
         return ids
 
     def kill(self, wid: int) -> None:
-        """SIGKILL one worker (a hung one); its outbox reader reports the death as for any other."""
-        self.slots[wid].process.kill()
+        """SIGKILL one worker (a hung one), every rank of it; its outbox reader reports the death
+        as for any other."""
+        for p in [self.slots[wid].process, *self.slots[wid].followers]:
+            p.kill()
+
+    def pids(self, wid: int) -> list[int | None]:
+        """Every rank's process id, the leader first."""
+        return [p.pid for p in [self.slots[wid].process, *self.slots[wid].followers]]
 
     def send(self, wid: int, msg) -> None:
         self.slots[wid].inbox.put(msg)
-
-    def pid(self, wid: int) -> int | None:
-        return self.slots[wid].process.pid
 
     def _read(self, slot: _Slot) -> None:
         """Forward a worker's batches to the loop; once it is dead and its outbox empty, report
@@ -135,7 +156,10 @@ class WorkerPool:
         The reader gets READER_GRACE_S to report the death in order, after everything the worker
         sent; if it has not, the death is reported here and whatever the reader still gets is
         dropped."""
-        wait([slot.process.sentinel])
+        wait([p.sentinel for p in [slot.process, *slot.followers]])
+        for p in [slot.process, *slot.followers]:       # a rank alone cannot go on: the instance ends
+            if p.is_alive():
+                p.kill()
         slot.reader.join(READER_GRACE_S)
         if slot.reader.is_alive() and not self._stopping:
             log.error("worker %d died, its outbox reader is stuck (a message half-written?)", slot.spec.worker_id)
@@ -166,9 +190,10 @@ class WorkerPool:
             self.on_death(slot.spec.worker_id, slot.process.exitcode)
 
     def _kill(self, slot: _Slot) -> None:
-        if slot.process.is_alive():
-            slot.process.kill()
-        slot.process.join(timeout=5)
+        for p in [slot.process, *slot.followers]:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask every worker to exit, then join; kill what does not exit in time."""
@@ -179,8 +204,9 @@ class WorkerPool:
             except (OSError, ValueError):
                 pass
         for slot in self.slots.values():
-            slot.process.join(timeout=timeout_s)
-            if slot.process.is_alive():
+            for p in [slot.process, *slot.followers]:     # the leader stops its followers on the way out
+                p.join(timeout=timeout_s)
+            if any(p.is_alive() for p in [slot.process, *slot.followers]):
                 log.warning("worker %d did not exit in %.0f s; killing it", slot.spec.worker_id, timeout_s)
                 self._kill(slot)
 

@@ -24,6 +24,8 @@ class WorkerInfo:
     reserved_pages: int = 0              # promised to handoffs on their way in
     outstanding_prefill_tokens: int = 0  # routed here, not yet started
     row_invariance: RowInvariance | None = None   # its start-up self-check (worker/determinism.py)
+    tp_size: int = 1                     # processes (tensor-parallel ranks) of this instance
+    rank_rss_mb: tuple[float, ...] = ()  # their resident memory after loading
 
     @property
     def available(self) -> bool:
@@ -77,7 +79,7 @@ class WorkerTable:
         w = self.workers[msg.worker_id]
         w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
         w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
-        w.row_invariance = msg.row_invariance
+        w.row_invariance, w.tp_size, w.rank_rss_mb = msg.row_invariance, msg.tp_size, msg.rank_rss_mb
         self.model = msg.model
 
     def on_report(self, wid: int, msg: LoadReport) -> bool:

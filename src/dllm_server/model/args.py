@@ -33,15 +33,28 @@ class ModelArgs:
     tie_embeddings: bool
     qkv_bias: bool
     logit_shift: int          # 0: logits[i] predicts token i (LLaDA); 1: token i from i-1 (Dream)
+    tp_size: int = 1          # tensor-parallel degree of the instance this rank belongs to (model/tp.py)
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.num_heads
+
+    @property
+    def local_heads(self) -> int:
+        """Query heads on one tensor-parallel rank (its KV pool and attention)."""
+        return self.num_heads // self.tp_size
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.num_kv_heads // self.tp_size
 
     def __post_init__(self) -> None:
         if self.hidden % self.num_heads:
             raise ValueError(f"config: hidden size {self.hidden} is not divisible by {self.num_heads} heads")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"config: {self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
+        if self.num_heads % self.tp_size or self.num_kv_heads % self.tp_size:
+            raise ValueError(f"tensor_parallel_size: {self.tp_size} does not divide the model's {self.num_heads} "
+                             f"attention heads and {self.num_kv_heads} KV heads")
         if not 0 <= self.mask_id < self.embedding_size:
             raise ValueError(f"config: mask_token_id {self.mask_id} is outside the vocabulary")

@@ -79,6 +79,10 @@ class ServingLinear(nn.Module):
         self.fixed_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T (+ bias): the projection's local product (worker/determinism.py checks this)."""
         if self.fixed_rows and x.shape[0] != self.fixed_rows:
             return self._fixed(x)
         return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
@@ -96,6 +100,21 @@ class ServingLinear(nn.Module):
         return out[:n]
 
 
+class ReducedLinear(ServingLinear):
+    """A tensor-parallel rank's share of a projection split by input columns (model/tp.py): its
+    product is a partial sum, summed in place over the instance's ranks, then the bias, once."""
+
+    def __init__(self, linear: nn.Linear, reduce):
+        super().__init__(linear)
+        self.out_bias, self.bias = self.bias, None
+        self.reduce = reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x)
+        self.reduce(y)
+        return y if self.out_bias is None else y.add_(self.out_bias)
+
+
 class Projections(nn.Module):
     """Q/K/V (with rotary) and the gated MLP of one layer, by their checkpoint names until
     `fuse` joins them (and makes every projection a ServingLinear). Subclasses name the modules;
@@ -104,6 +123,7 @@ class Projections(nn.Module):
 
     def init_projections(self, shape: tuple[int, int, int] | None = None) -> None:
         self.shape = shape            # (heads, kv heads, head dim): layers with q/k/v only
+        self.reduce = None            # tensor parallel: the all-reduce after o / down (model/tp.py)
         self.qkv: ServingLinear | None = None
         self.gate_up: ServingLinear | None = None
 
@@ -118,7 +138,8 @@ class Projections(nn.Module):
                 delattr(self, n[role])
         for role in ("o", "down"):
             if role in n:
-                setattr(self, n[role], ServingLinear(getattr(self, n[role])))
+                lin = getattr(self, n[role])
+                setattr(self, n[role], ServingLinear(lin) if self.reduce is None else ReducedLinear(lin, self.reduce))
 
     def project_qkv(self, x: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

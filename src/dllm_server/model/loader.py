@@ -2,6 +2,7 @@
 dtype selection, and errors that name what is missing. Does no decoding."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ from ..checkpoint import MODEL_TYPES, architecture_of, read_config
 from . import dream, llada
 from .args import ModelArgs
 from .layers import Rotary
+from .tp import TPShard, read_slice, shard_model
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +73,31 @@ def _shard_files(folder: Path) -> list[Path]:
 
 
 def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
-               fuse: bool = True) -> tuple[nn.Module, ModelArgs, torch.dtype]:
+               fuse: bool = True, tp: TPShard | None = None) -> tuple[nn.Module, ModelArgs, torch.dtype]:
     """The model in eval mode; `fuse` joins Q/K/V and gate/up into single matmuls (serving; its
-    state_dict then no longer has the checkpoint's names)."""
+    state_dict then no longer has the checkpoint's names). `tp`: only this tensor-parallel rank's
+    share of the sharded layers is read and held (model/tp.py)."""
     folder = Path(path)
     cfg = read_config(folder)
     make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]
     args = make_args(cfg)
+    if tp is not None and tp.size > 1:
+        args = dataclasses.replace(args, tp_size=tp.size)          # checks the degree against the heads
     device = torch.device(device)
     shards = _shard_files(folder)
     torch_dtype = resolve_dtype(dtype, cfg, device, sum(f.stat().st_size for f in shards))
 
     with torch.device("meta"):
         model = cls(args)
+    slices = shard_model(model, tp) if args.tp_size > 1 else {}
     expected = set(model.state_dict().keys())
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         with safe_open(str(shard), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name in expected:
-                    state[name] = f.get_tensor(name).to(device=device, dtype=torch_dtype)
+                    t = read_slice(f, name, slices[name]) if name in slices else f.get_tensor(name)
+                    state[name] = t.to(device=device, dtype=torch_dtype)
                 else:
                     log.warning("ignoring unexpected tensor %s in %s", name, shard.name)
     missing = sorted(expected - state.keys())
@@ -105,5 +112,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
     if fuse:
         model.fuse_projections()
+    elif args.tp_size > 1:
+        raise ValueError("tensor parallel: the sharded model is a serving model (fuse=True)")
     model.eval().requires_grad_(False)
     return model, args, torch_dtype

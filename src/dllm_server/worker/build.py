@@ -11,6 +11,7 @@ from ..config import WorkerConfig
 from ..messages import ModelInfo
 from ..model.args import ModelArgs
 from ..model.loader import load_model
+from ..model.tp import TPShard
 from .core import WorkerCore
 from .determinism import set_fixed_rows
 from .handoff import WorkerHandoffs
@@ -18,6 +19,7 @@ from .kv_pool import KVPool
 from .kv_transfer import TorchTransport, Waiter
 from .model_step import ModelStepper
 from .profile import profile_iterations
+from .tp import PlanSender, TPGroups
 
 
 def model_info(args: ModelArgs) -> ModelInfo:
@@ -25,13 +27,26 @@ def model_info(args: ModelArgs) -> ModelInfo:
                      args.hidden, args.num_layers, args.num_heads, args.num_kv_heads, args.head_dim, args.mlp_hidden)
 
 
-def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,
-               transfers: bool = False, emit: Callable[[list], None] | None = None) -> tuple[WorkerCore, ModelInfo]:
-    """`transfers`: this worker sends or receives KV (a torch.distributed group must exist)."""
-    model, args, dtype = load_model(model_path, config.dtype, device)
+def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
+                  tp: TPGroups | None = None) -> tuple[ModelStepper, KVPool, ModelArgs]:
+    """The model (this rank's shard under tensor parallelism), its KV pool (its KV heads, the
+    instance's page layout) and the stepper that runs them: what every rank of an instance has."""
+    shard = TPShard(tp.rank, tp.size, tp.all_reduce) if tp is not None else None
+    model, args, dtype = load_model(model_path, config.dtype, device, tp=shard)
     set_fixed_rows(model, config.fixed_matmul_rows)
-    pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.num_kv_heads, args.head_dim, dtype, device)
-    stepper = ModelStepper(config, model, args, pool, device)
+    pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.local_kv_heads, args.head_dim, dtype,
+                  device)
+    return ModelStepper(config, model, args, pool, device), pool, args
+
+
+def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,
+               transfers: bool = False, emit: Callable[[list], None] | None = None,
+               tp: TPGroups | None = None) -> tuple[WorkerCore, ModelInfo]:
+    """`transfers`: this worker sends or receives KV (a torch.distributed group must exist).
+    `tp`: this worker leads a tensor-parallel instance; every forward's plan goes to its followers."""
+    stepper, pool, args = build_stepper(config, model_path, device, tp)
+    if tp is not None:
+        stepper.runner.plan_sink = PlanSender(tp)
     handoffs = WorkerHandoffs(worker_id, pool, TorchTransport(worker_id, pool.layers, Waiter(device))) if transfers \
         else None
     return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit), model_info(args)

@@ -78,7 +78,7 @@ def check_model(model: nn.Module, block_len: int, max_active_decodes: int, seed:
         x = torch.randn(max_rows, k, generator=g).to(device=w.device, dtype=w.dtype)
         checked.update(counts)
         shapes.append((k, n))
-        failures += [f"{k}->{n}: {r} of {max_rows} rows" for r in check_rows(lin, x, counts)]
+        failures += [f"{k}->{n}: {r} of {max_rows} rows" for r in check_rows(lin.matmul, x, counts)]
     return RowInvariance(not failures, tuple(sorted(checked)), tuple(shapes), tuple(failures[:MAX_FAILURES]),
                          len(failures), round(time.perf_counter() - t0, 3), fixed_rows=fixed_rows_of(model))
 

@@ -20,6 +20,16 @@ class PageAlloc:
     slot_ids: torch.Tensor | None    # slot of every canvas position otherwise
 
 
+def alloc_of_pages(pages: list[int], num_tokens: int, page_size: int, device: torch.device | str) -> PageAlloc:
+    """The allocation of `num_tokens` canvas positions on `pages`, in canvas order."""
+    if pages == list(range(pages[0], pages[0] + len(pages))):
+        return PageAlloc(pages, pages[0] * page_size, None)
+    idx = torch.arange(num_tokens)
+    page_of = torch.tensor(pages, dtype=torch.int64)[idx // page_size]
+    # On the pool's device: index_select on CUDA rejects a host index.
+    return PageAlloc(pages, -1, (page_of * page_size + idx % page_size).to(device))
+
+
 class KVPool:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -53,13 +63,7 @@ class KVPool:
         for p in pages:
             self._is_free[p] = 0
         self.num_free_pages -= n
-        if pages == list(range(pages[0], pages[0] + n)):
-            alloc = PageAlloc(pages, pages[0] * self.page_size, None)
-        else:
-            idx = torch.arange(num_tokens)
-            page_of = torch.tensor(pages, dtype=torch.int64)[idx // self.page_size]
-            # On the pool's device: index_select on CUDA rejects a host index.
-            alloc = PageAlloc(pages, -1, (page_of * self.page_size + idx % self.page_size).to(self.device))
+        alloc = alloc_of_pages(pages, num_tokens, self.page_size, self.device)
         self._owner[owner] = alloc
         return alloc
 

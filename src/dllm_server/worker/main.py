@@ -1,6 +1,8 @@
 """Worker process entry: build the core, say WorkerReady, then pump: take what the inbox holds and
 take one turn with it (worker/turn.py: one dispatch per message, finished KV transfers, an
-iteration when there is work), then send the turn's messages in one put. Policy lives in the core."""
+iteration when there is work), then send the turn's messages in one put. Policy lives in the core.
+A tensor-parallel follower (rank > 0 of an instance) instead builds its shard and runs the
+forwards its leader's plans describe (worker/tp.py); it has no inbox or outbox."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,10 +19,12 @@ import torch.distributed as dist
 
 from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
-from .build import build_core, startup_profile
+from .build import build_core, build_stepper, startup_profile
 from .determinism import check_model, summary as invariance_summary
 from .kv_transfer import connect_peers
 from .memory import IdleTrim, bound_kernel_caches, hold_freed_memory
+from .runner import InstanceBroken
+from .tp import follow, gather_rss, init_groups
 from .turn import take_turn
 
 log = logging.getLogger("dllm_server.worker")
@@ -37,9 +41,14 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     # capture summary) from the server's log; same format as the front's.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        _run(spec, config, inbox, outbox, parent)
-    except Exception:
-        outbox.put([WorkerFailed(spec.worker_id, traceback.format_exc())])
+        if spec.tp_rank > 0:
+            _follow(spec, config)
+        else:
+            _run(spec, config, inbox, outbox, parent)
+    except (Exception, InstanceBroken):
+        log.error("worker %d rank %d failed:\n%s", spec.worker_id, spec.tp_rank, traceback.format_exc())
+        if outbox is not None:
+            outbox.put([WorkerFailed(spec.worker_id, traceback.format_exc())])
         sys.exit(1)
     finally:
         if dist.is_initialized():
@@ -80,11 +89,40 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
                                 init_method=f"tcp://127.0.0.1:{spec.dist_port}",
                                 rank=spec.worker_id, world_size=spec.world_size)
         connect_peers(spec.worker_id, list(spec.kv_peers), device)
-    core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put)
+    tp = init_groups(0, spec.tp_size, spec.tp_port, device) if spec.tp_size > 1 else None
+    core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put, tp=tp)
+    rss = gather_rss(tp)
+    log.info("worker %d: %d rank(s), resident memory after loading %s MB", spec.worker_id, spec.tp_size,
+             " / ".join(f"{r:.0f}" for r in rss))
     invariance = check_model(core.stepper.runner.model, config.block_length, config.policy.max_active_decodes)
     log.info("worker %d: %s", spec.worker_id, invariance_summary(invariance))
-    profile = startup_profile(core, info)
-    outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile, invariance)])
+    try:
+        profile = startup_profile(core, info)
+        outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile, invariance,
+                                spec.tp_size, rss)])
+        _pump(spec, config, core, inbox, outbox, parent)
+    finally:
+        if tp is not None:
+            core.stepper.runner.plan_sink.stop()        # the followers' loops end with ours
+
+
+def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
+    """A tensor-parallel follower: this rank's shard and KV heads, the leader's plans."""
+    torch.set_num_threads(spec.num_threads)
+    device = torch.device(spec.device)
+    if device.type == "cpu":
+        bound_kernel_caches(config.cpu_kernel_cache_entries)
+        hold_freed_memory(config.malloc_hold_mb)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_port, device)
+    stepper, pool, args = build_stepper(config, spec.model_path, device, tp)
+    gather_rss(tp)
+    n = follow(stepper.runner, tp, args.mask_id, pool.page_size)
+    log.info("worker %d rank %d: stopped after %d forwards", spec.worker_id, spec.tp_rank, n)
+
+
+def _pump(spec: WorkerSpec, config: WorkerConfig, core, inbox, outbox, parent: int) -> None:
     iterations = handled = 0
     trim = IdleTrim(config.malloc_trim_s)
     last_put = time.perf_counter()

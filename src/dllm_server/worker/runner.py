@@ -22,6 +22,13 @@ from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool, PageAlloc
 
 
+class InstanceBroken(BaseException):
+    """A tensor-parallel forward failed on the leader: its followers may be waiting in a collective
+    that will never complete, so the instance cannot go on. A BaseException, so the core's "a
+    failed forward fails its requests, never the worker" does not catch it: the process ends, and
+    the front restarts the whole instance."""
+
+
 @dataclass(slots=True)
 class ForwardItem:
     canvas: torch.Tensor      # int64 [canvas_len]
@@ -64,18 +71,31 @@ class ModelRunner:
         self.device = device
         self.causal = causal
         self.attention = select_backend(attention_backend, device, page_size=pool.page_size,
-                                        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                                        num_heads=args.local_heads, num_kv_heads=args.local_kv_heads,
                                         head_dim=args.head_dim, dtype=pool.layers[0].k.dtype)
         self.graphs = decode_graphs      # fixed-shape path for decode-only iterations
+        self.plan_sink = None            # tensor-parallel leader: sends each forward's plan first (worker/tp.py)
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem], layer_done=None, decode_only: bool = False) -> torch.Tensor:
+    def forward(self, items: list[ForwardItem], layer_done=None, decode_only: bool = False,
+                logits: bool = True) -> torch.Tensor | None:
         """Logits [len(items), max_block_width, vocab_size] (float32, on the model's device, where
         sampling runs); rows past an item's block width are zeros. `layer_done(layer_kv)` runs
         after each layer's attention (streamed KV sends). A decode-only iteration of one block
-        width goes through the fixed-shape (CUDA graph) path when there is one."""
+        width goes through the fixed-shape (CUDA graph) path when there is one. `logits=False`
+        (a tensor-parallel follower): the forward for its KV and all-reduces only; returns None."""
+        if self.plan_sink is not None:
+            try:
+                self.plan_sink(items, decode_only)
+                return self._forward(items, layer_done, decode_only, logits)
+            except Exception as exc:
+                raise InstanceBroken(f"tensor-parallel forward failed: {exc!r}") from exc
+        return self._forward(items, layer_done, decode_only, logits)
+
+    def _forward(self, items: list[ForwardItem], layer_done, decode_only: bool, logits: bool) -> torch.Tensor | None:
         if decode_only and self.graphs is not None and not self.causal and self.graphs.fits(items):
-            return self.graphs.run(items)
+            out = self.graphs.run(items)
+            return out if logits else None
         shift = self.args.logit_shift
         page = self.pool.page_size
         # Positions, cache slots and logit rows gathered as int64 arrays, one tensor each: a few
@@ -95,14 +115,18 @@ class ModelRunner:
                 slots.extend(a.pages[p // page] * page + p % page for p in fed)
             first = q_start + (it.block_start - shift - it.fed_start)
             # clamped: a window fed from its block start predicts the first position from its own output
-            rows.extend(max(r, q_start) for r in range(first, first + it.block_end - it.block_start))
+            if logits:
+                rows.extend(max(r, q_start) for r in range(first, first + it.block_end - it.block_start))
             seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), a.slot_base, a.slot_ids, a.pages))
             q_start += n
-        dev = lambda a: torch.frombuffer(a, dtype=torch.int64).to(self.device)   # noqa: E731
-        logits = self.model(torch.cat(ids).to(self.device), dev(pos),
-                            AttentionBatch(seqs, self.causal, self.attention, layer_done, dev(slots)),
-                            self.pool.layers, dev(rows))
-        logits = logits[:, : self.args.vocab_size].float()
+        dev = lambda a: (torch.frombuffer(a, dtype=torch.int64) if len(a)  # noqa: E731
+                         else torch.empty(0, dtype=torch.int64)).to(self.device)
+        out = self.model(torch.cat(ids).to(self.device), dev(pos),
+                         AttentionBatch(seqs, self.causal, self.attention, layer_done, dev(slots)),
+                         self.pool.layers, dev(rows))
+        if not logits:
+            return None
+        logits = out[:, : self.args.vocab_size].float()
         widths = [it.block_end - it.block_start for it in items]
         width = max(widths)
         if min(widths) == width:          # the usual case: one block length, no copy (a view)
