@@ -181,3 +181,32 @@ def test_replay_takes_the_recorded_forwards_and_samples_for_unknown_requests():
     b.register("x", 9, SimRequest(0, 10, 16, ignore_eos=True))
     assert len(forwards(b, "x", 0, 16, True, BlockPolicy(0.55))[0]) == 8   # drawn from the 0.5 blocks
     assert len(forwards(b, "x", 1, 16, True, BlockPolicy(0.9))[0]) in (5, 2)   # the full 0.9 blocks recorded
+
+
+def test_tp_cost_splits_the_sharded_work_and_adds_two_all_reduces_a_layer():
+    from dataclasses import replace
+
+    from dllm_server.sim.gpu_cost import AllReduce
+    from dllm_server.worker.core import IterationStats
+    one = gpu_cost("llada-8b", "h100")
+    two = gpu_cost("llada-8b", "h100", tp=2)
+    assert gpu_cost("llada-8b", "h100", tp=1).forward_s(IterationStats(decode_tokens=32, decode_keys=600,
+                                                                          num_decodes=1)) > 0
+    layers, hidden = one.model.layers, one.model.hidden
+    for it in (IterationStats(decode_tokens=32, decode_keys=600, num_decodes=1),
+               IterationStats(decode_tokens=2048, decode_keys=64 * 600, num_decodes=64),
+               IterationStats(prefill_tokens=4096, prefill_sq=4096 ** 2, num_prefills=1)):
+        free = replace(two, all_reduce=AllReduce(alpha_s=0.0, bus_bytes_per_s=float("inf"), plan_s=0.0))
+        base = free.forward_s(it)
+        assert base < one.forward_s(it)                    # the projections and attention split two ways
+        tokens = it.prefill_tokens + it.decode_tokens
+        want = 2 * layers * (20e-6 + 2 * (2 - 1) / 2 * tokens * hidden * 2 / 220e9) + 50e-6
+        assert abs(two.forward_s(it) - base - want) < 1e-12
+    big = IterationStats(prefill_tokens=4096, prefill_sq=4096 ** 2, num_prefills=1)   # compute-bound: nearly halves
+    free = replace(two, all_reduce=AllReduce(0.0, float("inf"), 0.0))
+    assert 0.5 < free.forward_s(big) / one.forward_s(big) < 0.56
+    assert gpu_cost("llada-8b", "h100", tp=4).kv_pool_tokens() > 4 * one.kv_pool_tokens()
+    d = two.describe()
+    assert d["tensor_parallel_size"] == 2 and "Triton-distributed#57" in d["all_reduce"]["source"]
+    with pytest.raises(ValueError, match="does not divide dream-7b's 28 heads and 4 KV heads"):
+        gpu_cost("dream-7b", "h100", tp=8)

@@ -117,6 +117,23 @@ class Efficiency:
     source: str = "assumptions (docs/simulation.md)"
 
 
+@dataclass(frozen=True)
+class AllReduce:
+    """A ring all-reduce among a tensor-parallel instance's GPUs: alpha + 2 (d - 1) / d x bytes / bus
+    (the NCCL ring's traffic per GPU). Two per layer (after the attention output and the MLP down
+    projection) over the iteration's fed tokens x hidden x 2 bytes."""
+    alpha_s: float = 20e-6            # per call
+    bus_bytes_per_s: float = 220e9    # MB-sized messages
+    plan_s: float = 50e-6             # the leader's plan broadcast per iteration (host, gloo; assumption)
+    source: str = ("torch.distributed NCCL all-reduce on 8 x H100 in one node: 19-25 us from 128 B to 512 KB, "
+                   "the bus rate fitted to the same measurement's 4/8/16 MB points (59/91/136 us), a user's "
+                   "report in ByteDance-Seed/Triton-distributed#57 (shared/reference/cluster_level.md 6.2); "
+                   "plan broadcast: assumption")
+
+    def seconds(self, degree: int, num_bytes: float) -> float:
+        return 0.0 if degree <= 1 else self.alpha_s + 2 * (degree - 1) / degree * num_bytes / self.bus_bytes_per_s
+
+
 SAMPLING_BYTES_PER_LOGIT = 4 + 2 * 8   # fp32 logits written, a float64 confidence written and read
                                        # (docs/gpu.md, "Sampling")
 KV_POOL_SHARE = 0.7   # of the memory left after the weights; Sangam's 44 GiB LLaDA pool on an 80 GB H100
@@ -134,13 +151,20 @@ class RooflineCost:
                                       # calibration for the CPU model)
     idle_turn_s: float = 1e-4         # a turn that only handled messages (assumption)
     name: str = "gpu-roofline"
+    tp: int = 1                       # tensor-parallel degree of the instance (GPUs it spans)
+    all_reduce: AllReduce = AllReduce()
 
     @property
     def num_layers(self) -> int:
         return self.model.layers
 
     def kv_pool_tokens(self) -> int:
-        return int((self.device.memory_bytes - self.model.weight_bytes) * KV_POOL_SHARE / self.model.kv_bytes_per_token)
+        """The instance's pool: on each of its d GPUs what the weights leave (the projections split
+        d ways, embedding and LM head whole), each GPU holding 1/d of every token's KV."""
+        m, d = self.model, self.tp
+        linear_bytes = m.linear_params * m.bytes_per_param
+        per_gpu = self.device.memory_bytes - (m.weight_bytes - linear_bytes) - linear_bytes / d
+        return int(d * per_gpu * KV_POOL_SHARE / m.kv_bytes_per_token)
 
     def __setattr__(self, name, value) -> None:
         object.__setattr__(self, name, value)
@@ -169,9 +193,13 @@ class RooflineCost:
         return s
 
     def _forward_s(self, it) -> float:
+        """One GPU's roofline; with TP d, the projections' and attention's work splits d ways (head
+        and sampling stay on the leader, whole), plus two all-reduces a layer and the plan."""
         rows = it.num_prefills + it.num_decodes
         if rows == 0:
             return 0.0
+        if self.tp > 1:
+            return self._tp_forward_s(it)
         (gemm, attn_rate, bw, block_length, lin_flops, lin_bytes_s, head_flops, head_bytes, vocab, attn_coef,
          kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
         tokens = it.prefill_tokens + it.decode_tokens
@@ -186,6 +214,23 @@ class RooflineCost:
         launch = eager_s if it.num_prefills else graph_s
         return max(linear + head + attention + sampling, launch)
 
+    def _tp_forward_s(self, it) -> float:
+        (gemm, attn_rate, bw, block_length, lin_flops, lin_bytes_s, head_flops, head_bytes, vocab, attn_coef,
+         kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
+        d, rows = self.tp, it.num_prefills + it.num_decodes
+        tokens = it.prefill_tokens + it.decode_tokens
+        logit_rows = rows * block_length
+        linear = max(lin_flops * tokens / gemm, lin_bytes_s) / d
+        head = max(head_flops * logit_rows / gemm, (head_bytes + logit_rows * vocab * 4) / bw)
+        q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0
+        attention = max(attn_coef * (it.prefill_sq + q_per_decode * it.decode_keys) / attn_rate,
+                        kv_bytes * (it.decode_keys + 2 * it.prefill_tokens) / bw) / d
+        sampling = logit_rows * vocab * SAMPLING_BYTES_PER_LOGIT / bw
+        launch = eager_s if it.num_prefills else graph_s
+        reduce = 2 * self.model.layers * self.all_reduce.seconds(d, tokens * self.model.hidden *
+                                                                  self.model.bytes_per_param)
+        return max(linear + head + attention + sampling, launch) + reduce + self.all_reduce.plan_s
+
     def turn_s(self, it) -> float:
         return self.forward_s(it) + self.eff.host_base_s + self.eff.host_per_row_s * (it.num_prefills + it.num_decodes)
 
@@ -199,12 +244,16 @@ class RooflineCost:
         return {"cost_model": self.name, "model": asdict(self.model), "device": asdict(self.device),
                 "link": asdict(self.link), "efficiency": asdict(self.eff),
                 "message_latency_ms": 1e3 * self.message_latency_s, "kv_pool_tokens": self.kv_pool_tokens(),
+                "tensor_parallel_size": self.tp, "all_reduce": asdict(self.all_reduce),
                 "kv_pool_share": KV_POOL_SHARE, "sampling_bytes_per_logit": SAMPLING_BYTES_PER_LOGIT}
 
 
 def gpu_cost(model: str, device: str, link: str = "nvlink", block_length: int = 32,
-             eff: Efficiency | None = None) -> RooflineCost:
-    return RooflineCost(MODELS[model], DEVICES[device], LINKS[link], block_length, eff or Efficiency())
+             eff: Efficiency | None = None, tp: int = 1) -> RooflineCost:
+    m = MODELS[model]
+    if m.heads % tp or m.kv_heads % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} does not divide {model}'s {m.heads} heads and {m.kv_heads} KV heads")
+    return RooflineCost(m, DEVICES[device], LINKS[link], block_length, eff or Efficiency(), tp=tp)
 
 
 def _shape_of(cfg: dict) -> ModelShape:
