@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_flashinfer as FI  # noqa: E402
 import gpu_parts as P  # noqa: E402
-from gpu_capacity import capacity_comparison  # noqa: E402
+from gpu_capacity import BASELINE, DEFAULT, capacity_comparison  # noqa: E402
 from gpu_harness import PHASES, Bench, env_info, md_table, setup_logging  # noqa: E402
 
 from dllm_server.config import ServerConfig  # noqa: E402
@@ -55,6 +55,9 @@ def main() -> int:
                     help="default: bfloat16 (float32 with --smoke)")
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--skip-flashinfer", action="store_true")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="also measure the default scheduler on one instance of this degree in the capacity phase "
+                         "(one GPU per rank: skipped with a note when fewer are visible)")
     ap.add_argument("--only", type=lambda v: set(v.split(",")), metavar="PHASE,...",
                     help=f"run just these of {','.join(PHASES)} (model is built when a phase needs it); "
                          "the fallback run after a first run cut short")
@@ -282,8 +285,16 @@ def main() -> int:
         work = st["folder"] / "capacity"
         work.mkdir(exist_ok=True)
         # 5 s kept for the JSON and the clean-up after it.
+        configs = [BASELINE, DEFAULT]
+        tp = a.tensor_parallel_size
+        if tp > 1:
+            gpus = torch.cuda.device_count() if gpu else None
+            if gpus is not None and gpus < tp:
+                b.skip(f"capacity: tensor parallel {tp}: needs {tp} GPUs, {gpus} visible")
+            else:
+                configs.append((f"default scheduler, TP {tp}", ["--tensor-parallel-size", str(tp)]))
         r = capacity_comparison(ckpt, margs, sh, str(device), str(dtype).removeprefix("torch."),
-                                lambda: b.left() - 5.0, a.seed, work)
+                                lambda: b.left() - 5.0, a.seed, work, configs=tuple(configs))
         print(f"serving model: {a.serve_layers} layers of the benchmarked width; {r['method']}")
         for name, why in r["skipped"].items():
             b.skip(f"capacity: {name}: {why}")
@@ -300,6 +311,8 @@ def main() -> int:
                              v["unloaded_latency_s"], v["server_start_s"], v["partial"]] for k, v in r["runs"].items()]))
         ratio = r["capacity_ratio"]
         print(f"\ncapacity ratio default / batch-1 at matched latency: {'n/a' if ratio is None else f'{ratio:.2f}x'}")
+        if "tp_capacity_ratio" in r:
+            print(f"capacity ratio one TP {tp} instance / one TP 1 instance: {r['tp_capacity_ratio']:.2f}x")
         return r
 
     def flashinfer():

@@ -189,5 +189,7 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
                 _stop(proc, min(STOP_S, max(3.0, deadline - time.monotonic())))
             _logs(rec, log)
     caps = [out["runs"].get(n, {}).get("capacity_req_s") for n, _ in configs]
-    out["capacity_ratio"] = caps[-1] / caps[0] if len(caps) == 2 and all(caps) else None
+    out["capacity_ratio"] = caps[1] / caps[0] if len(caps) >= 2 and all(caps[:2]) else None    # default / batch-1
+    if len(caps) > 2 and caps[1] and caps[2]:
+        out["tp_capacity_ratio"] = caps[2] / caps[1]          # one TP instance / one TP=1 instance
     return out
