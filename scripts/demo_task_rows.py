@@ -47,20 +47,30 @@ class TaskRows:
                 return item
             self.skipped += 1
 
-    def batch(self, n: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, n: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, maskable, loss denominators): each row's loss is normalised by its answer's
+        length with its <|eot_id|> (not by its maskable length, which is mostly padding: that
+        would cut the answer tokens' share of the gradient about six-fold)."""
         items = [self.draw() for _ in range(n)]
-        return build_rows(self.tok, items, seq_len, self.eot, self.eos)
+        x, maskable = build_rows(self.tok, items, seq_len, self.eot, self.eos)
+        return x, maskable, answer_mask(x, maskable, self.eot).sum(dim=1).float()
+
+
+def answer_mask(x: torch.Tensor, maskable: torch.Tensor, eot: int) -> torch.Tensor:
+    """The answer's tokens and its <|eot_id|> (the maskable positions up to the first eot)."""
+    is_eot = (x == eot) & maskable
+    return maskable & (torch.cumsum(is_eot, dim=1) - is_eot.long() == 0)
 
 
 def build_rows(tok, items: list[T.TaskItem], seq_len: int, eot: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token rows, maskable) for `items`, each padded to `seq_len`."""
+    """(token rows, maskable) for `items`, each padded to `seq_len` (or to the longest row)."""
     prompts = tok.encode_batch([D.render_chat([("user", i.question)]) for i in items])
     answers = tok.encode_batch([i.answer for i in items])
+    # the batch's rows share one length: seq_len, or the longest row's when one needs more
+    seq_len = max([seq_len] + [len(p.ids) + len(a.ids) + 1 for p, a in zip(prompts, answers)])
     xs, ms = [], []
     for p, a in zip(prompts, answers):
         p, a = p.ids, a.ids
-        if len(p) + len(a) + 1 > seq_len:
-            raise ValueError(f"a task row of {len(p) + len(a) + 1} tokens does not fit {seq_len}")
         xs.append(p + a + [eot] + [eos] * (seq_len - len(p) - len(a) - 1))
         ms.append([False] * len(p) + [True] * (seq_len - len(p)))
     return torch.tensor(xs, dtype=torch.int64), torch.tensor(ms, dtype=torch.bool)
@@ -76,8 +86,7 @@ class TaskProbe:
         for task in T.TASKS:
             items = T.load_eval(tasks=[task], per_task=self.PER_TASK)
             x, maskable = build_rows(tok, items, self.SEQ_LEN, eot, eos)
-            answer = maskable & (torch.cumsum((x == eot) & maskable, dim=1) - ((x == eot) & maskable).long() == 0)
-            self.rows[task] = (x, maskable, answer)     # answer: the answer's tokens and its <|eot_id|>
+            self.rows[task] = (x, maskable, answer_mask(x, maskable, eot))
 
     def figures(self, model, mask_id: int) -> dict[str, dict[str, float]]:
         out = {}

@@ -3,6 +3,7 @@
 
     python scripts/eval_demo.py                       # the embedded model (src/dllm_server/assets/demo-model)
     python scripts/eval_demo.py --model runs/demo2/model --json runs/demo2/eval.json
+    python scripts/eval_demo.py --tasks               # also the demo tasks at every threshold (v3)
 
 The request is what a client sending only `messages` gets: the sampling parameters come from the
 server's own request model (api.protocol.ChatCompletionRequest with the config's
@@ -23,6 +24,15 @@ torch thread as a worker on the 2-core machine gets. Figures printed:
   summed over the 20 answers;
 - held-out masked cross-entropy, nats per byte, and LLaDA's ELBO bound (demo_data.HeldOut; the
   model in float32).
+
+With `--tasks` (the shipped evaluation set, dllm_server/assets/eval/demo_tasks.jsonl, or a file
+of the same records) it also answers every task question greedily with max_tokens 64 at each of
+the thresholds 0.99, 0.95, 0.9, 0.7, 0.5 and 0.3 (`--task-thresholds`), and reports per task and
+threshold: exact match (demo_tasks.is_correct: whitespace-normalised equality), forwards per
+answer, answer tokens per forward (the answer's tokens, padding and end of turn not counted, over
+forwards) and positions per forward (every committed position, padding included); "copied" and
+"computed" pool copy/reverse/count/lookup and add/subtract/sort, "all" the seven; macro exact
+match is the mean over tasks.
 
 Needs the `serve` and `demo-eval` extras (pydantic; english-words).
 """
@@ -120,6 +130,63 @@ def evaluate(model: str | None, prompts: list[str], threads: int = 1, threshold:
     }
 
 
+TASK_THRESHOLDS = (0.99, 0.95, 0.9, 0.7, 0.5, 0.3)
+
+
+def task_figures(outs, items) -> dict:
+    """Pooled figures of a set of answers to demo-task items."""
+    from dllm_server.demo_tasks import is_correct
+    forwards = sum(o.stats.num_forwards for o in outs)
+    return {"n": len(items), "exact_match": sum(is_correct(o.text, i.answer) for o, i in zip(outs, items)) / len(items),
+            "forwards_per_answer": forwards / len(items),
+            "answer_tokens_per_forward": sum(len(o.token_ids) for o in outs) / max(1, forwards),
+            "positions_per_forward": sum(o.stats.num_committed for o in outs) / max(1, forwards)}
+
+
+def evaluate_tasks(model: str | None, items, thresholds=TASK_THRESHOLDS, threads: int = 1,
+                   max_tokens: int = 64) -> dict:
+    """{threshold: {task | copied | computed | all: figures}, "macro_exact_match": ...}; answers kept."""
+    from dllm_server import LLM, SamplingParams
+    from dllm_server.demo_tasks import COMPUTED, COPIED, TASKS
+
+    torch.set_num_threads(threads)
+    llm = LLM(model)
+    convs = [[{"role": "user", "content": i.question}] for i in items]
+    result = {"model": str(llm.path), "max_tokens": max_tokens, "thresholds": {}}
+    for tau in thresholds:
+        outs = llm.chat(convs, SamplingParams(max_tokens=max_tokens, temperature=0.0, threshold=tau))
+        groups = {t: [k for k, i in enumerate(items) if i.task == t] for t in TASKS}
+        groups = {t: ks for t, ks in groups.items() if ks}
+        groups["copied"] = [k for k, i in enumerate(items) if i.task in COPIED]
+        groups["computed"] = [k for k, i in enumerate(items) if i.task in COMPUTED]
+        groups["all"] = list(range(len(items)))
+        figs = {g: task_figures([outs[k] for k in ks], [items[k] for k in ks]) for g, ks in groups.items() if ks}
+        figs["macro_exact_match"] = sum(figs[t]["exact_match"] for t in TASKS if t in figs) / \
+            sum(1 for t in TASKS if t in figs)
+        figs["answers"] = [{"task": i.task, "question": i.question, "reference": i.answer, "answer": o.text,
+                            "forwards": o.stats.num_forwards} for i, o in zip(items, outs)]
+        result["thresholds"][str(tau)] = figs
+    return result
+
+
+def print_tasks(r: dict) -> None:
+    from dllm_server.demo_tasks import TASKS
+    taus = list(r["thresholds"])
+    print(f"\ndemo tasks, greedy, max_tokens {r['max_tokens']}: {r['model']}\n")
+    for fig, name, fmt in (("exact_match", "exact match (%)", lambda v: f"{100 * v:.0f}"),
+                           ("forwards_per_answer", "forwards per answer", lambda v: f"{v:.1f}"),
+                           ("answer_tokens_per_forward", "answer tokens per forward", lambda v: f"{v:.2f}"),
+                           ("positions_per_forward", "positions per forward (padding counted)", lambda v: f"{v:.2f}")):
+        print(f"| {name} | " + " | ".join(f"tau {t}" for t in taus) + " |")
+        print("|---|" + "---|" * len(taus))
+        for g in [t for t in TASKS if t in r["thresholds"][taus[0]]] + ["copied", "computed", "all"]:
+            print(f"| {g} | " + " | ".join(fmt(r["thresholds"][t][g][fig]) for t in taus) + " |")
+        if fig == "exact_match":
+            print("| macro over tasks | " + " | ".join(f"{100 * r['thresholds'][t]['macro_exact_match']:.1f}"
+                                                    for t in taus) + " |")
+        print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="checkpoint folder (default: the embedded demo model)")
@@ -127,8 +194,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the figures and answers here")
     ap.add_argument("--threshold", type=float, help="confidence threshold per request (default: the server's)")
+    ap.add_argument("--tasks", nargs="?", const="", default=None,
+                    help="also the demo tasks (default file: the shipped evaluation set)")
+    ap.add_argument("--task-thresholds", type=float, nargs="+", default=list(TASK_THRESHOLDS))
+    ap.add_argument("--per-task", type=int, help="only the first N items of each task")
+    ap.add_argument("--no-chat", action="store_true", help="skip the chat figures (tasks only)")
     args = ap.parse_args()
+    tasks = None
+    if args.tasks is not None:
+        from dllm_server.demo_tasks import load_eval
+        items = load_eval(args.tasks or None, per_task=args.per_task)
+        tasks = evaluate_tasks(args.model, items, tuple(args.task_thresholds), args.threads)
+        print_tasks(tasks)
+    if args.no_chat:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"tasks": tasks}, indent=2))
+        return
     r = evaluate(args.model, load_prompts(Path(args.prompts)), args.threads, args.threshold)
+    r["tasks"] = tasks
     print(f"model: {r['model']}")
     print("defaults:", ", ".join(f"{k} {v}" for k, v in r["defaults"].items()))
     print()

@@ -93,8 +93,9 @@ class Rows:
 
 def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: torch.Generator,
              certainty: float = 0.0, certain_rows: torch.Tensor | None = None,
-             certain_ids: torch.Tensor | None = None):
-    """LLaDA's loss, normalised per row by its maskable length; logits for masked rows only.
+             certain_ids: torch.Tensor | None = None, denominators: torch.Tensor | None = None):
+    """LLaDA's loss, normalised per row by its maskable length (or by `denominators`, one per row:
+    the demo tasks' answer lengths); logits for masked rows only.
 
     `certainty` > 0 adds certainty forcing (dParallel, arXiv 2509.26488; scripts/distill_demo.py):
     that weight times the mean entropy of the masked positions of `certain_rows` (bool per batch
@@ -112,7 +113,8 @@ def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: 
     logits = model(flat, torch.arange(length).repeat(b), DenseBatch(b), None, rows)
     ce = F.cross_entropy(logits.float(), x.reshape(-1)[rows], reduction="none")
     weight = (1.0 / p.expand(b, length)).reshape(-1)[rows]
-    denom = maskable.sum(dim=1, keepdim=True).expand(b, length).reshape(-1)[rows].float()
+    per_row = maskable.sum(dim=1).float() if denominators is None else denominators
+    denom = per_row[:, None].expand(b, length).reshape(-1)[rows]
     loss = (ce * weight / denom).sum() / b
     if certainty > 0 and certain_rows is not None:
         target = x.reshape(-1)[rows]
@@ -234,18 +236,19 @@ def main(argv=None) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         x, maskable = rows.batch(args.batch, args.chat_share)
-        groups = [(x, maskable)]
+        groups = [(x, maskable, maskable.sum(dim=1).float())]
         if tasks is not None:
             long = tasks.rng.random() < args.task_long_share
-            tx, tm = tasks.batch(args.task_rows, args.seq_len if long else args.task_len)
+            tx, tm, td = tasks.batch(args.task_rows, args.seq_len if long else args.task_len)
             if long:
-                groups = [(torch.cat([x, tx]), torch.cat([maskable, tm]))]
+                groups = [(torch.cat([x, tx]), torch.cat([maskable, tm]), torch.cat([groups[0][2], td]))]
             else:
-                groups.append((tx, tm))
+                groups.append((tx, tm, td))
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             n = sum(g[0].shape[0] for g in groups)      # mdm_loss is a mean over rows: weight by rows
-            loss = sum(mdm_loss(model, gx, gm, mask_id, gen) * (gx.shape[0] / n) for gx, gm in groups)
+            loss = sum(mdm_loss(model, gx, gm, mask_id, gen, denominators=gd) * (gx.shape[0] / n)
+                       for gx, gm, gd in groups)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -66,6 +66,9 @@ class ServerConfig:
     default_slo_ms: float | None = _f(None, "SLO of a request that gives no slo_ms; none: such a request decodes at "
                                       "the highest threshold load control allows")
     quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose")
+    slo_raise_slack: float = _f(0.3, "slo policy: a threshold above --threshold only when its predicted latency "
+                                "leaves this share of the request's remaining SLO budget unused, and never while "
+                                "load control caps thresholds (docs/slo.md)")
     load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
                             "exceed the cluster's capacity")
     load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the "
@@ -162,6 +165,8 @@ class ServerConfig:
             bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")
         if not any(c >= self.quality_floor for c in cands):
             bad("quality_floor", f"{self.quality_floor} is above every candidate threshold {cands}")
+        if not 0.0 <= self.slo_raise_slack < 1.0:
+            bad("slo_raise_slack", f"must be in [0, 1), got {self.slo_raise_slack}")
         if not 0.1 <= self.load_target <= 1.0:
             bad("load_target", f"must be in [0.1, 1], got {self.load_target}")
         if self.default_slo_ms is not None and not self.default_slo_ms > 0:

@@ -81,6 +81,15 @@ class ContinueBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class ReviseBlock:
+    """The decode policy re-decided the commit rule of a block that runs (or waits to run) here:
+    its next forwards use `policy`. Ignored when the request has moved on to another block."""
+    request_id: str
+    block_index: int
+    policy: BlockPolicy
+
+
+@dataclass(frozen=True, slots=True)
 class SetPolicy:
     """Runtime scheduling knobs of a worker, applied at its next iteration."""
     policy: WorkerPolicy

@@ -21,14 +21,15 @@ INFO = M.ModelInfo("llada", 262, 320, 261, 256, 1024, 64, 2, 4, 4, 16, 128)
 INVARIANCE = M.RowInvariance(False, (1, 2, 32), ((320, 960),), ("320->960: 2 of 64 rows",), 1, 0.01)
 SAMPLES = [
     M.WorkerSpec(0, "colocated", "cpu", 1, "/m", 1, 0, (1,)), INFO, SUBMIT,
-    M.ContinueBlock("r1", 1, POLICY), M.ContinueBlock("r1", 2, None),
+    M.ContinueBlock("r1", 1, POLICY), M.ContinueBlock("r1", 2, None), M.ReviseBlock("r1", 1, POLICY),
     M.SetPolicy(ServerConfig().worker_policy()), M.HandoffKV("r1", 2),
     M.ReceiveKV(0, ("a", "b"), (0, 1), (20, 24), (True, False), 64), M.InstallKV(SUBMIT), M.Shutdown(), M.Abort("r1"),
     M.StepDelta("r1", 1, 2, (9, 10), (65, 66), 3), M.BlockDone("r1", 1, 4, False, True, POLICY),
     M.RequestFailed("r1", "boom"), M.KVSent(0, 1, ("a",), (0,), (20,), 0), M.PrefillDone("r1", 0, 1),
     M.HandoffDone("r1", 0, 1, False, True, 1024, 0.5),
     M.LoadReport(0, 10, 2, 5, 3, 40, 7, 0.1, 0.05, 24, 1, ServerConfig().worker_policy()),
-    M.WorkerReady(0, 64, 16, INFO, row_invariance=INVARIANCE), INVARIANCE, M.WorkerFailed(0, "traceback"),
+    M.WorkerReady(0, 64, 16, INFO, row_invariance=INVARIANCE, tp_size=2, rank_rss_mb=(300.0, 290.0)), INVARIANCE,
+    M.WorkerFailed(0, "traceback"),
 ]
 
 

@@ -113,3 +113,68 @@ def test_capacity_within_the_slo_and_a_cap_per_candidate():
     capacity = np.array([191.0, 200, 230, 250, 270, 281])      # lower caps: fewer forwards, bigger batches fit
     demand = np.array([264.0, 250, 210, 180, 150, 128])        # 8 req/s x forwards at each cap
     assert c.update(demand, capacity) == 0.7                   # the highest cap with demand <= 90 % of capacity
+
+
+# ---- the work ahead (issue 33) ----
+def _brute_force_decode_seconds(F, others_f, unit, canvas, others_canvas):
+    """Iteration by iteration: every request with forwards left advances by one."""
+    t, left = 0.0, list(others_f)
+    for _ in range(F):
+        t += unit.iteration_s + unit.row_s(np.asarray(canvas))
+        for i, f in enumerate(left):
+            if f > 0:
+                t += unit.row_s(np.asarray(others_canvas[i]))
+                left[i] = f - 1
+    return t
+
+
+def test_queued_seconds_is_processor_sharing_with_recompute_steps_priced_apart():
+    from dllm_server.policy.queue import Others, UnitCosts, queued_seconds
+    rng = np.random.default_rng(5)
+    unit = UnitCosts(iteration_s=0.004, row_tokens_s=0.002, key_s=1e-6, prefill_token_s=5e-5, prefill_sq_s=1e-8)
+    for _ in range(50):
+        n = int(rng.integers(0, 30))
+        f = rng.integers(1, 80, n).astype(float)
+        canvas = rng.integers(50, 400, n).astype(float)
+        F = np.array([5.0, 20.0, 60.0])
+        no_recompute = Others(f, np.zeros(n), canvas, np.ones(n))
+        got = queued_seconds(F, np.zeros(3), 120.0, no_recompute, unit)
+        want = [_brute_force_decode_seconds(int(x), f, unit, 120.0, canvas) for x in F]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    # re-prefills: all of a request's that land before this one ends, each at its canvas's price
+    one = Others(np.array([10.0]), np.array([2.0]), np.array([100.0]), np.array([1.0]))
+    base = queued_seconds(np.array([10.0, 5.0]), np.array([0.0, 0.0]), 100.0, Others(*[np.array([10.0]),
+                          np.zeros(1), np.array([100.0]), np.ones(1)]), unit)
+    extra = queued_seconds(np.array([10.0, 5.0]), np.array([0.0, 0.0]), 100.0, one, unit) - base
+    np.testing.assert_allclose(extra, [2 * unit.recompute_s(100.0), 1 * unit.recompute_s(100.0)])   # all, half
+    # a request counted among the others at its last decision is not counted twice
+    me = Others(np.array([10.0]), np.array([1.0]), np.array([100.0]), np.array([1.0]))
+    alone = queued_seconds(np.array([10.0]), np.array([1.0]), 100.0, Others.empty(), unit)
+    np.testing.assert_allclose(queued_seconds(np.array([10.0]), np.array([1.0]), 100.0, me, unit, own=(10.0, 1.0, 1.0)),
+                               alone)
+
+
+def test_a_threshold_above_the_default_needs_slack_and_no_cap():
+    from dllm_server.policy.thresholds import choose_indices
+    secs = np.array([[8.0, 7.0, 6.0, 5.0, 4.0, 3.0]])           # 0.95 .. 0.5
+    pick = lambda budget, cap=0.95: CANDS[int(choose_indices(CANDS, secs, np.array([budget]), cap, 0.5, 0.9, 0.3)[0])]  # noqa: E731
+    assert pick(100.0) == 0.95                                   # plenty of slack
+    assert pick(10.0) == 0.9                                     # 0.95 fits (8 <= 10) but not with 30 % to spare
+    assert pick(8.0 / 0.7) == 0.95                               # exactly the slack
+    assert pick(100.0, cap=0.9) == 0.9                           # load control caps: never above the default
+    assert pick(6.5) == 0.8 and pick(1.0) == 0.5                 # below the default: the plain rule
+    no_rule = CANDS[int(choose_indices(CANDS, secs, np.array([10.0]), 0.95, 0.5)[0])]
+    assert no_rule == 0.95                                       # (without a default, the old rule)
+
+
+def test_capacity_counts_a_recompute_step_per_block():
+    from dllm_server.policy.load_model import WorkerLoadModel
+    from dllm_server.policy.step_time import features
+    load = WorkerLoadModel(32)
+    for n in (1, 2, 4, 8, 16, 32):                                # cache steps: 5 ms + 1 ms a row
+        load.models[0].add(features(32 * n, 256 * n), 0.005 + 0.001 * n)
+        load.models[0].add(features(32 * n, 256 * n, 256, 256 ** 2), 0.005 + 0.001 * n + 0.010)   # + a prefill
+    one_block = load.capacity(float("inf"), arrival_rate=10.0, blocks_per_request=1.0)
+    four_blocks = load.capacity(float("inf"), arrival_rate=10.0, blocks_per_request=4.0)
+    assert four_blocks < one_block
+    assert load.capacity(float("inf"), 40.0, 1.0) == pytest.approx(four_blocks)   # 4 blocks at 10/s = 40 recomputes/s

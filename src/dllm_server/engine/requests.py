@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from ..messages import StepDelta
+from ..messages import ContinueBlock, ReviseBlock, StepDelta
 from .request_state import GenerationOutput, RequestState
 
 # What a request's consumer wants besides the final output.
@@ -117,6 +117,21 @@ class RequestTable:
             self.leased.pop(entry.state.request_id, None)
         else:
             self.leased[entry.state.request_id] = entry
+
+    def revision(self, request_id: str, block_index: int, policy) -> tuple[int, object] | None:
+        """Where a re-decided block's policy goes, and as what: the block running (or queued) on
+        the request's worker gets ReviseBlock; its leased next block a new ContinueBlock (the lease
+        updated here). None when the request moved on or holds no such block."""
+        entry = self.entries.get(request_id)
+        if entry is None or entry.worker is None:
+            return None
+        k = entry.state.block_index
+        if block_index == k:
+            return entry.worker, ReviseBlock(request_id, k, policy)
+        if block_index == k + 1 and request_id in self.leased:
+            self.set_lease(entry, policy)
+            return entry.worker, ContinueBlock(request_id, k, policy)
+        return None
 
     def remove(self, entry: Entry) -> None:
         """Evict: memory stays bounded."""

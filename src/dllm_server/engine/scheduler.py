@@ -58,6 +58,7 @@ class Scheduler:
         self.ready_event = asyncio.Event()
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
+        self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
@@ -100,18 +101,29 @@ class Scheduler:
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
         entry.worker = wid
-        self._charge(entry, wid, tokens)
+        self.workers.charge(entry, wid, tokens)
         self.send(wid, msg)
 
     def _lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
         """The next block's policy if the router would keep the request on `wid`, else None."""
+        return self._block_policy(entry, entry.state.block_index + 1) if self._keeps(entry, wid, loads) else None
+
+    def _keeps(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
         st = entry.state
         if st.block_index + 1 >= st.num_blocks:
-            return None
+            return False
         loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
-        keep = keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
+        return keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
                              self._completion(entry))
-        return self._block_policy(entry, st.block_index + 1) if keep else None
+
+    def _grant_leases(self) -> None:
+        """Leases for the blocks that continued in place this tick, the policy asked once for all."""
+        todo = [(e, w) for e, w, k in self._leases if not e.done and e.worker == w and e.state.block_index == k
+                and self._keeps(e, w)]
+        self._leases.clear()
+        for (e, w), then in zip(todo, self.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])):
+            self.requests.set_lease(e, then)
+            self.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))
 
     def _completion(self, entry: Entry) -> dict[int, float] | None:
         """Predicted completion of the request's next block per worker (routing = completion)."""
@@ -119,21 +131,11 @@ class Scheduler:
             return self.load.completion_estimates(range(len(self.workers)), entry.state)
         return None
 
-    def _charge(self, entry: Entry, wid: int, tokens: int) -> None:
-        entry.charged = (wid, tokens)
-        self.workers[wid].outstanding_prefill_tokens += tokens
-
-    def _uncharge(self, entry: Entry) -> None:
-        if entry.charged is not None:
-            wid, tokens = entry.charged
-            self.workers[wid].outstanding_prefill_tokens -= tokens
-            entry.charged = None
-
     def _finish(self, entry: Entry, output: GenerationOutput, abort_worker: bool) -> None:
         rid = entry.state.request_id
         if abort_worker and entry.worker is not None and self.workers[entry.worker].alive:
             self.send(entry.worker, Abort(rid))
-        self._uncharge(entry)
+        self.workers.uncharge(entry)
         self.requests.set_lease(entry, None)
         self._run(self.handoffs.release(rid))
         self.requests.remove(entry)
@@ -170,6 +172,8 @@ class Scheduler:
                 entry = self.requests.get(msg.request_id)
                 if entry is not None:
                     self._on_request_message(entry, wid, msg)
+        if self._leases:
+            self._grant_leases()
         self._retry_waiting()
         if observes:
             self._revise()
@@ -177,13 +181,12 @@ class Scheduler:
         self.tick_s += time.perf_counter() - t0
 
     def _revise(self) -> None:
-        """Let an observing policy re-decide leased next blocks (it rate-limits itself)."""
-        changes = self.policy.revise(self.requests.leased, self.clock())
-        for rid, then in changes.items():
-            entry = self.requests.leased.get(rid)
-            if entry is not None and entry.worker is not None:
-                self.requests.set_lease(entry, then)
-                self.send(entry.worker, ContinueBlock(rid, entry.state.block_index, then))
+        """Let an observing policy re-decide running blocks and leased next blocks (it
+        rate-limits itself): a running or queued block gets ReviseBlock at its worker, a lease a
+        new ContinueBlock."""
+        for rid, k, policy in self.policy.revise(self.requests, self.clock()):
+            if (out := self.requests.revision(rid, k, policy)) is not None:
+                self.send(*out)
 
     def startup_failed(self, reason: str) -> None:
         self.failure = self.failure or reason
@@ -208,7 +211,7 @@ class Scheduler:
             elif entry.stream == STREAM_TEXT and outcome.added:
                 entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
         if isinstance(msg, BlockDone):
-            self._uncharge(entry)
+            self.workers.uncharge(entry)
             self.requests.set_lease(entry, None)
             self._run(self.handoffs.release(st.request_id))
             entry.worker = wid if outcome.continued else None
@@ -216,17 +219,14 @@ class Scheduler:
             self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
         elif outcome.continued:
             self.counters.blocks_continued += 1
-            self._charge(entry, wid, st.prompt_len + st.answer_len)
-            then = self._lease(entry, wid)
-            if then is not None:
-                self.requests.set_lease(entry, then)
-                self.send(wid, ContinueBlock(st.request_id, st.block_index, then))
+            self.workers.charge(entry, wid, st.prompt_len + st.answer_len)
+            self._leases.append((entry, wid, st.block_index))        # decided with the tick's others
         elif outcome.next_block:
             self._dispatch(entry, self._block_policy(entry))
 
     def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
         if msg.step == 0 or entry.charged is not None:
-            self._uncharge(entry)
+            self.workers.uncharge(entry)
         self.requests.started(entry)
         now = None
         if entry.first_step_at is None:

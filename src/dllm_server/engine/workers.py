@@ -67,6 +67,17 @@ class WorkerTable:
     def has_prefill_role(self) -> bool:
         return any(w.role == "prefill" for w in self.workers)
 
+    def charge(self, entry, wid: int, tokens: int) -> None:
+        """Count a routed block's canvas as outstanding prefill work on `wid` until it starts."""
+        entry.charged = (wid, tokens)
+        self.workers[wid].outstanding_prefill_tokens += tokens
+
+    def uncharge(self, entry) -> None:
+        if entry.charged is not None:
+            wid, tokens = entry.charged
+            self.workers[wid].outstanding_prefill_tokens -= tokens
+            entry.charged = None
+
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.workers[0].page_size)
 

@@ -4,7 +4,8 @@ plain ones; policy/slo.py is the SLO-aware one.
 
 A policy runs on the front loop, so it must be cheap and must not block. It sees the request's
 state; a policy that `observes` is also fed the workers' iteration reports, every step and every
-finish, and may revise the policy of leased next blocks once per scheduling tick.
+finish, and may revise the policy of running blocks and leased next blocks once per scheduling
+tick.
 """
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ class DecodePolicy(Protocol):
 
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy: ...
 
+    def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
+        """block_policy for several (request, block) at once (the leases of one scheduling tick)."""
+        ...
+
     def seed(self, worker_id: int, profile: tuple[tuple[float, ...], ...]) -> None: ...
 
     def on_report(self, worker_id: int, report: LoadReport, now: float) -> None: ...
@@ -31,9 +36,11 @@ class DecodePolicy(Protocol):
 
     def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None: ...
 
-    def revise(self, leased: dict, now: float) -> dict[str, BlockPolicy]:
-        """{request: its entry (.state, .worker, .lease: the leased next-block policy)} -> the leases
-        to change. Called once per scheduling tick; a policy rate-limits itself."""
+    def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
+        """Every request in flight (entries: .state, .worker, .lease: the leased next-block policy)
+        -> (request, block index, new policy) for the blocks to change: its running or queued
+        block (block index = state.block_index) or its leased next one. Called once per
+        scheduling tick; a policy rate-limits itself."""
         ...
 
 
@@ -43,6 +50,9 @@ class StaticPolicy:
 
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
         raise NotImplementedError
+
+    def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
+        return [self.block_policy(st, k) for st, k in items]
 
     def seed(self, worker_id: int, profile) -> None:
         pass
@@ -59,8 +69,8 @@ class StaticPolicy:
     def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None:
         pass
 
-    def revise(self, leases, now: float) -> dict[str, BlockPolicy]:
-        return {}
+    def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
+        return []
 
 
 def request_rule(state: RequestState, block_index: int, default_threshold: float) -> BlockPolicy:

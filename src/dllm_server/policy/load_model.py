@@ -9,6 +9,7 @@ import collections
 
 from ..messages import LoadReport
 from .load_control import capacity_rate
+from .queue import UnitCosts
 from .step_time import StepTimeModel, features, report_features
 
 
@@ -72,10 +73,26 @@ class WorkerLoadModel:
         canvas = state.prompt_len + state.answer_len
         return {w: self.completion_s(w, canvas, forwards) for w in workers}
 
-    def capacity(self, max_iteration_s: float = float("inf"), arrival_rate: float = 0.0) -> float:
+    def unit_costs(self, w: int) -> UnitCosts | None:
+        """Worker `w`'s iteration cost split into per-iteration, per-decode-row and per-re-prefill
+        parts (policy/queue.py), from its step-time model; None before it has one."""
+        m = self.models.get(w)
+        if m is None or not m.ready:
+            return None
+        c = m.kinds[False].coef
+        rec = m.kinds[True].coef
+        if rec is not None:
+            prefill_token_s, prefill_sq_s = float(rec[3]), float(rec[4]) / 1e6
+        else:          # no recompute iteration seen yet: a prefill priced as that many decode tokens
+            prefill_token_s, prefill_sq_s = float(c[1]) + float(c[2]) / 1e3, 0.0
+        return UnitCosts(float(c[0]), self.block_length * float(c[1]), float(c[2]) / 1e3, prefill_token_s, prefill_sq_s)
+
+    def capacity(self, max_iteration_s: float = float("inf"), arrival_rate: float = 0.0,
+                 blocks_per_request: float = 1.0) -> float:
         """Request-forwards per second all workers with a fitted model can run, with every
         iteration within `max_iteration_s` (what a request's SLO allows per forward). New
-        requests (`arrival_rate` per second, shared out over the workers) bring their prefills
+        requests (`arrival_rate` per second, shared out over the workers) bring a recompute step
+        per block (the prefill and one re-prefill for every later block: `blocks_per_request`)
         into the iterations, which makes each of them longer."""
         ready = [w for w, m in self.models.items() if m.ready]
         total = 0.0
@@ -83,11 +100,11 @@ class WorkerLoadModel:
             m, r = self.models[w], self.reports.get(w)
             seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
             keys = r.decode_keys / r.num_active_decodes if r is not None and r.num_active_decodes else 256
-            lam = arrival_rate / len(ready)
+            lam = arrival_rate * max(1.0, blocks_per_request) / len(ready)   # recompute steps per second
 
             def t(n, m=m, k=keys, lam=lam):
                 t0 = m.predict(features(n * self.block_length, n * k))
-                share = lam * t0                       # prefills landing in one iteration, on average
+                share = lam * t0                       # recompute steps landing in one iteration, on average
                 return m.predict(features(n * self.block_length, n * k, share * k, share * k * k, recompute=True)) \
                     if share > 0 else t0
             total += capacity_rate(t, seats, max_iteration_s)

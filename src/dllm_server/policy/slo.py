@@ -4,8 +4,11 @@ control. A request that names its own rule (threshold, factor or steps) keeps it
 
 Fed by the scheduler (it `observes`): every step updates the request's Progress; the scheduler's
 WorkerLoadModel (step-time models from the workers' profiles and iteration reports) is shared.
-Decisions: `block_policy` when a block is dispatched; `revise`, once per scheduling tick, re-decides
-the policy of every leased next block whose request progressed, in one batched prediction, and
+The remaining latency is priced with the work ahead (policy/queue.py): every request live on the
+same worker, queued or running, with its own remaining forwards and re-prefills at the threshold
+it was last decided at. Decisions: `block_policy` when a block is dispatched; `revise`, once per
+scheduling tick (rate-limited), re-decides the running block and the leased next block of every
+request whose progress moved or whose worker's queue changed, in one batched prediction, and
 updates the load-control cap (at most every CONTROL_INTERVAL_S).
 """
 from __future__ import annotations
@@ -23,12 +26,14 @@ from .base import StaticPolicy, names_a_rule, request_rule
 from .load_control import LoadController, demand_rate
 from .load_model import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
+from .queue import Others, queued_seconds
 from .thresholds import allowed, choose_indices, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
-REVISE_INTERVAL_S = 0.2       # leased next blocks are re-decided at most this often (a block lasts longer)
+REVISE_INTERVAL_S = 0.2       # running and leased blocks are re-decided at most this often
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
 ARRIVAL_WINDOW_S = 5.0        # the arrival rate load control sees: admissions over this window
+OTHERS_REFRESH_S = 0.02       # the work ahead is re-read at most this often while the live set holds
 
 
 class SLOPolicy(StaticPolicy):
@@ -39,6 +44,8 @@ class SLOPolicy(StaticPolicy):
         self.all_candidates = config.candidate_thresholds          # what the workers count against
         self.candidates = tuple(c for c in self.all_candidates if c >= config.quality_floor)
         self.floor = config.quality_floor
+        self.default = config.threshold                             # above it only with slack (thresholds.py)
+        self.slack = config.slo_raise_slack
         self.block_length = config.block_length
         self.default_slo_s = None if config.default_slo_ms is None else config.default_slo_ms / 1e3
         self.predictor = predictor
@@ -50,11 +57,16 @@ class SLOPolicy(StaticPolicy):
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
         self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
         self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
+        self.recomputes: dict[str, np.ndarray] = {}                  # latest remaining re-prefills per candidate
+        self.chosen: dict[str, int] = {}                             # candidate index of its latest decision
         self.new_work: np.ndarray | None = None                      # a new request's forwards per candidate (EWMA)
+        self.blocks_per_request = 1.0                                # finished requests' blocks (EWMA)
         self.arrivals: collections.deque = collections.deque(maxlen=4096)   # admission times
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
         self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
         self._controlled_at = self._revised_at = -1e9
+        self._queue_version = self._revised_version = 0              # changes of the live set
+        self._others_cache = None
         self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
         self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
         self.predict_s = collections.deque(maxlen=1024)              # seconds per batched prediction
@@ -72,7 +84,9 @@ class SLOPolicy(StaticPolicy):
             p = self.progress[rid] = Progress.start(state)
         p.observe(delta, state)
         self.states[rid] = state
-        self.where[rid] = worker_id
+        if self.where.get(rid) != worker_id:
+            self.where[rid] = worker_id
+            self._queue_version += 1
 
     def on_block_done(self, state: RequestState, msg: BlockDone) -> None:
         p = self.progress.get(state.request_id)
@@ -87,9 +101,13 @@ class SLOPolicy(StaticPolicy):
                 self.errors["oneshot"].append(self.first_guess[rid] - total)
             for done, remaining in self.online_guess.get(rid, ()):
                 self.errors["online"].append(done + remaining - total)
+            blocks = len(output.stats.steps_per_block)
+            if blocks:
+                self.blocks_per_request = 0.95 * self.blocks_per_request + 0.05 * blocks
         for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess,
-                  self.work):
+                  self.work, self.recomputes, self.chosen):
             d.pop(rid, None)
+        self._queue_version += 1
 
     # ---- decisions ----
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
@@ -98,54 +116,75 @@ class SLOPolicy(StaticPolicy):
         [tau] = self._choose([(state, block_index)], self.clock())
         return BlockPolicy(tau)
 
-    def revise(self, leased: dict, now: float) -> dict[str, BlockPolicy]:
-        """leased: {request: entry (.state, .lease)}; re-decide each progressed request's lease."""
+    def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
+        """One batched decision for every item that names no rule of its own."""
+        own = [names_a_rule(st) for st, _ in items]
+        chosen = iter(self._choose([it for it, o in zip(items, own) if not o], self.clock()) if not all(own) else [])
+        return [request_rule(st, k, self.candidates[0]) if o else BlockPolicy(next(chosen))
+                for (st, k), o in zip(items, own)]
+
+    def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
+        """entries: every request in flight (.state, .worker, .lease). Re-decides the block each
+        one runs (or waits to run) and its leased next block, where its progress moved or its
+        worker's queue changed; returns (request, block index, policy) for each that changed."""
         if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
             self._control(now)
         if now - self._revised_at < REVISE_INTERVAL_S:
-            return {}
+            return []
         self._revised_at = now
-        todo = [(e.state, e.state.block_index + 1, e.lease) for e in leased.values()
-                if not names_a_rule(e.state) and (p := self.progress.get(e.state.request_id)) is not None and p.updated]
+        queue_moved = self._queue_version != self._revised_version
+        self._revised_version = self._queue_version
+        todo = []
+        for e in entries:
+            st = e.state
+            rid = st.request_id
+            if names_a_rule(st) or rid not in self.work:
+                continue
+            p = self.progress.get(rid)
+            if not (queue_moved or (p is not None and p.updated)):
+                continue
+            if e.worker is not None:
+                todo.append((st, st.block_index, self.decided[rid].get(st.block_index)))
+            if e.lease is not None:
+                todo.append((st, st.block_index + 1, e.lease.threshold))
         if not todo:
-            return {}
+            return []
         taus = self._choose([(st, k) for st, k, _ in todo], now)
-        return {st.request_id: BlockPolicy(t) for (st, _, pol), t in zip(todo, taus) if t != pol.threshold}
+        return [(st.request_id, k, BlockPolicy(t)) for (st, k, old), t in zip(todo, taus) if t != old]
 
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
         """One batched prediction for every (request, block to decide), every candidate; the
-        choice itself vectorised over requests (the front loop's cost grows slowly with load)."""
+        latency of each priced with the work ahead on its worker; the choice vectorised."""
         cands = self.candidates
-        progs, base, starting, budgets, costs = [], [], [], [], {}
+        progs, base, current, budgets = [], [], [], []
         for st, k in items:
             p = self.progress.get(st.request_id) or Progress.start(st)
             p.updated = False
             progs.append(p)
-            starting.append(p.block_index == k and p.step == 0)   # the decided block is the next to run
-            base.append(feature_row(p, self.decided[st.request_id].get(p.block_index, self.cap),
-                                    self.all_candidates))
+            current.append(p.block_index == k)           # the block being decided is the one to run next / now
+            base.append(feature_row(p, self.decided[st.request_id].get(p.block_index, self.cap), self.all_candidates))
             b = self._budget(st, now)
             budgets.append(np.inf if b is None else b)
-            w = self.where.get(st.request_id)
-            if w not in costs:
-                costs[w] = self.load.costs(w)
         base = np.asarray(base)
         rows = candidate_rows(progs, base, cands, self.all_candidates)
-        pred, cur = self._predict(rows, base, any(starting))
+        pred, cur = self._predict(rows, base)
         r, n = len(items), len(cands)
+        current = np.asarray(current)
         fut, fut_blocks = pred["fut_forwards"].reshape(r, n), pred["fut_blocks"].reshape(r, n)
-        block_rem = np.where(np.asarray(starting)[:, None], pred["block_rem"].reshape(r, n) if "block_rem" in pred
-                             else 0.0, cur["block_rem"][:, None])
-        t_iter, t_wait = (np.asarray([costs[self.where.get(st.request_id)][j] for st, _ in items]) for j in (0, 1))
-        secs = remaining_seconds(block_rem, fut, fut_blocks, t_iter[:, None], t_wait[:, None])
-        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor)
+        block_rem = np.where(current[:, None], pred["block_rem"].reshape(r, n), cur["block_rem"][:, None])
+        starting = np.asarray([c and p.step == 0 for c, p in zip(current, progs)])
         work = block_rem + fut
+        recomputes = fut_blocks + starting[:, None]       # a block not started yet begins with one
+        secs = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
+        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack)
         out = []
         for i, ((st, k), p, j) in enumerate(zip(items, progs, pick)):
             tau = cands[j]
             rid = st.request_id
             self.decided[rid][k] = tau
-            self.work[rid] = work[i]
+            if rid not in self.work:
+                self._queue_version += 1                  # a new request on some worker
+            self.work[rid], self.recomputes[rid], self.chosen[rid] = work[i], recomputes[i], int(j)
             self.states[rid] = st
             if starting[i] and k == 0 and rid not in self.first_guess:     # an admission
                 self.arrivals.append(now)
@@ -160,12 +199,67 @@ class SLOPolicy(StaticPolicy):
             out.append(tau)
         return out
 
-    def _predict(self, rows: np.ndarray, cur_rows: np.ndarray, starting: bool):
-        """Later blocks at every candidate; the current block at its own threshold (at every
-        candidate too when a decided block has not started yet)."""
+    def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> np.ndarray:
+        """[R, C] predicted remaining latency: the work ahead on the request's worker (on the best
+        worker for one not placed yet), or, before any worker has a step-time model, its own
+        forwards at the worker's current iteration time."""
+        units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
+        workers = list(units)
+        if not workers:
+            costs = [self.load.costs(self.where.get(st.request_id)) for st, _ in items]
+            t_iter = np.asarray([c[0] for c in costs])[:, None]
+            t_wait = np.asarray([c[1] for c in costs])[:, None]
+            return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait)
+        others = self._others(workers)
+        secs = np.empty_like(work)
+        for i, (st, _) in enumerate(items):
+            rid = st.request_id
+            w = self.where.get(rid)
+            canvas = float(st.prompt_len + st.answer_len)
+            own = None
+            if rid in self.work:       # counted among the others at its last decision: taken out
+                j = self.chosen[rid]
+                own = (float(self.work[rid][j]), float(self.recomputes[rid][j]), 1.0 if w is not None else
+                       1.0 / len(workers))
+            options = [w] if w in units else workers
+            per = [queued_seconds(work[i], recomputes[i], canvas, others[o], units[o], own) for o in options]
+            secs[i] = np.min(per, axis=0)
+        return secs
+
+    def _others(self, workers: list[int]) -> dict[int, Others]:
+        """Every live request's remaining work at its latest decision, per worker; one the router
+        has not placed yet counts a 1/W share on each of the W workers. Rebuilt when the live set
+        changes, else at most every OTHERS_REFRESH_S (a decision moves only its own request's
+        figures; the stale part is taken out with `own` and clipped)."""
+        now = time.perf_counter()
+        key = (self._queue_version, tuple(workers))
+        if self._others_cache is not None and self._others_cache[0] == key and \
+                now - self._others_cache[1] < OTHERS_REFRESH_S:
+            return self._others_cache[2]
+        out = self._build_others(workers)
+        self._others_cache = (key, now, out)
+        return out
+
+    def _build_others(self, workers: list[int]) -> dict[int, Others]:
+        rids = [rid for rid in self.work if rid in self.states]
+        if not rids:
+            return {w: Others.empty() for w in workers}
+        f = np.asarray([self.work[r][self.chosen[r]] for r in rids])
+        rc = np.asarray([self.recomputes[r][self.chosen[r]] for r in rids])
+        canvas = np.asarray([self.states[r].prompt_len + self.states[r].answer_len for r in rids], dtype=float)
+        where = [self.where.get(r) for r in rids]
+        out = {}
+        for w in workers:
+            weight = np.asarray([1.0 if x == w else (1.0 / len(workers) if x is None else 0.0) for x in where])
+            keep = weight > 0
+            out[w] = Others(f[keep], rc[keep], canvas[keep], weight[keep])
+        return out
+
+    def _predict(self, rows: np.ndarray, cur_rows: np.ndarray):
+        """Every candidate for the decided block and the ones after; the current block at its
+        own threshold (for a lease of the next block)."""
         t = time.perf_counter()
-        pred = self.predictor.predict(rows, ("fut_forwards", "fut_blocks", "block_rem") if starting else
-                                      ("fut_forwards", "fut_blocks"))
+        pred = self.predictor.predict(rows, ("fut_forwards", "fut_blocks", "block_rem"))
         cur = self.predictor.predict(cur_rows, ("block_rem",))
         self.predict_s.append(time.perf_counter() - t)
         self.predict_rows.append(len(rows) + len(cur_rows))
@@ -177,7 +271,7 @@ class SLOPolicy(StaticPolicy):
 
     def _control(self, now: float) -> None:
         """Lower / raise the cap: the forward rate the load needs at each cap against what the
-        workers can run within the SLO at that cap."""
+        workers can run within the SLO at that cap, every re-prefill counted."""
         self._controlled_at = now
         live = [rid for rid in self.work if rid in self.states]
         if not live or self.new_work is None:
@@ -190,7 +284,8 @@ class SLOPolicy(StaticPolicy):
         rate = sum(1 for t in self.arrivals if t >= now - ARRIVAL_WINDOW_S) / max(window, 1.0)
         demand = np.maximum(inflight, rate * self.new_work)
         slo = float(np.median(self.budgets)) if self.budgets else DEFAULT_HORIZON_S
-        capacity = np.asarray([self.load.capacity(slo / max(1.0, w), rate) for w in self.new_work])
+        capacity = np.asarray([self.load.capacity(slo / max(1.0, w), rate, self.blocks_per_request)
+                               for w in self.new_work])
         self.controller.update(demand, capacity)
 
     # ---- observability ----

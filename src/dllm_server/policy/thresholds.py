@@ -3,6 +3,8 @@ remaining latency fits what is left of the request's SLO budget. Pure functions 
 a batch of them at once)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -23,13 +25,28 @@ def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[fl
     return (min(above),) if above else (max(candidates),)
 
 
+@functools.lru_cache(maxsize=256)
+def _allowed_mask(candidates: tuple[float, ...], cap: float, floor: float) -> np.ndarray:
+    ok = allowed(candidates, cap, floor)
+    return np.asarray([c in ok for c in candidates])
+
+
 def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s: np.ndarray, cap: float,
-                   floor: float) -> np.ndarray:
+                   floor: float, default: float | None = None, slack: float = 0.0) -> np.ndarray:
     """For a batch: seconds [R, C] (predicted remaining latency of request r at candidates[c],
     highest first), budgets_s [R] (inf: no SLO). Per request, the index of the highest allowed
-    candidate that fits its budget, else of the lowest allowed."""
-    ok = np.asarray([c in allowed(candidates, cap, floor) for c in candidates])
-    fits = ok & (seconds <= np.asarray(budgets_s, dtype=float)[:, None])
+    candidate that fits its budget, else of the lowest allowed. A candidate above `default` (the
+    server's own threshold) must fit with `slack` of the budget to spare, and is never used while
+    load control caps the thresholds (cap below the top candidate): a threshold above what the
+    server would run anyway is a luxury of an idle worker, not something to take into a burst."""
+    ok = _allowed_mask(candidates, cap, floor)
+    budgets = np.asarray(budgets_s, dtype=float)[:, None]
+    fits = ok & (seconds <= budgets)
+    if default is not None:
+        above = np.asarray([c > default for c in candidates])
+        capping = cap < candidates[0]
+        luxury = (seconds <= (1.0 - slack) * budgets) & (not capping)
+        fits &= ~above | luxury
     lowest_ok = len(candidates) - 1 - int(np.argmax(ok[::-1]))
     return np.where(fits.any(axis=1), np.argmax(fits, axis=1), lowest_ok)
 

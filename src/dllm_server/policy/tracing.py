@@ -48,18 +48,27 @@ class TracingPolicy:
 
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
         pol = self.inner.block_policy(state, block_index)
+        self._record(state, block_index, pol)
+        return pol
+
+    def _record(self, state: RequestState, block_index: int, pol: BlockPolicy) -> None:
         rid = state.request_id
         if rid not in self.progress:
             p = self.progress[rid] = Progress.start(state)
             self._write({"kind": "admit", "rid": rid, "tau": pol.threshold,
                          "x": feature_row(p, pol.threshold, self.candidates)})
         self.taus.setdefault(rid, {})[block_index] = pol.threshold
-        return pol
 
-    def revise(self, leased, now: float) -> dict[str, BlockPolicy]:
-        changes = self.inner.revise(leased, now) if getattr(self.inner, "observes", False) else {}
-        for rid, pol in changes.items():
-            self.taus.setdefault(rid, {})[leased[rid].state.block_index + 1] = pol.threshold
+    def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
+        pols = self.inner.block_policies(items)
+        for (st, k), pol in zip(items, pols):
+            self._record(st, k, pol)
+        return pols
+
+    def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
+        changes = self.inner.revise(entries, now) if getattr(self.inner, "observes", False) else []
+        for rid, k, pol in changes:
+            self.taus.setdefault(rid, {})[k] = pol.threshold
         return changes
 
     def seed(self, worker_id: int, profile) -> None:

@@ -25,7 +25,7 @@ from ..decoding.canvas import block_bounds, num_blocks
 from ..decoding.params import BlockPolicy, DecodeParams
 from ..decoding.stop import AnswerMarks
 from ..messages import (Abort, BlockDone, ContinueBlock, HandoffKV, InstallKV, LoadReport, PrefillDone, ReceiveKV,
-                        RequestFailed, SetPolicy, StepDelta, SubmitBlock)
+                        RequestFailed, ReviseBlock, SetPolicy, StepDelta, SubmitBlock)
 from .admission import PrefillCandidate, admit, seat_decodes
 from .handoff import Install, WorkerHandoffs
 from .kv_pool import KVPool, PageAlloc
@@ -114,7 +114,7 @@ class WorkerCore:
         self.num_forwards = 0
         self._handlers = {SubmitBlock: self.submit, ContinueBlock: self.continue_block, Abort: self.abort,
                           HandoffKV: self.send_held, ReceiveKV: self.receive_kv, InstallKV: self.install_kv,
-                          SetPolicy: self.set_policy}
+                          SetPolicy: self.set_policy, ReviseBlock: self.revise_block}
 
     def handle(self, msg) -> list:
         """Apply one message from the request side; returns the messages it produces."""
@@ -147,6 +147,12 @@ class WorkerCore:
         if t is not None and t.block_index == msg.block_index and not t.handoff:
             t.then = msg.then
         return []                          # a lease for a block that already ended is moot
+
+    def revise_block(self, msg: ReviseBlock) -> list:
+        t = self.tasks.get(msg.request_id)
+        if t is not None and t.block_index == msg.block_index:
+            t.policy = msg.policy              # its next forwards commit by the new rule
+        return []
 
     def set_policy(self, msg: SetPolicy) -> list:
         self.policy = msg.policy

@@ -1,0 +1,123 @@
+"""A simultaneous burst (issue 33): N chat requests arrive at once at one real server running
+`--threshold-policy slo`, first each naming `threshold` 0.9 (the fixed default: a request that
+names its rule keeps it), then the same requests with `slo_ms` instead, set to the latency the
+fixed run met for `--quantile` of its requests (30 %: the SLO most requests miss under fixed
+0.9). Reports SLO attainment of both, the thresholds the policy chose, forwards per answer and
+the demo tasks' exact match (requests from the shipped evaluation set, scored against their own
+reference), `--rounds` times on the same server.
+
+    python bench/slo_burst.py [--model DIR] [--requests 40] [--rounds 2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_server.demo_tasks import is_correct, load_eval  # noqa: E402
+from dllm_server.launch import serve  # noqa: E402
+
+CHAT = ["Good morrow, my lord. What news?", "Who art thou?", "What is love?", "Dost thou love me?",
+        "Why dost thou frown so?", "What news from Rome?", "Where shall we dine?", "Is this a dagger I see?"]
+
+
+def burst_requests(n: int, chat_share: float = 0.2, seed: int = 0) -> list[dict]:
+    """n requests: demo-task questions (every task, in turn) and a share of chat cues; greedy,
+    max_tokens 64. Each carries its reference ("reference": None for chat)."""
+    rng = np.random.default_rng(seed)
+    items = load_eval()
+    by_task: dict[str, list] = {}
+    for it in items:
+        by_task.setdefault(it.task, []).append(it)
+    tasks = sorted(by_task)
+    out = []
+    for i in range(n):
+        if rng.random() < chat_share:
+            out.append({"content": CHAT[i % len(CHAT)], "reference": None, "task": "chat"})
+        else:
+            it = by_task[tasks[i % len(tasks)]][(i // len(tasks)) % len(by_task[tasks[0]])]
+            out.append({"content": it.question, "reference": it.answer, "task": it.task})
+    return out
+
+
+async def burst(url: str, reqs: list[dict], extra: dict) -> list[dict]:
+    """All at once; per request its latency (s), answer, forwards, thresholds and SLO verdict."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+        async def one(r):
+            body = {"messages": [{"role": "user", "content": r["content"]}], "max_tokens": 64, "temperature": 0.0,
+                    **extra}
+            t = time.perf_counter()
+            resp = await c.post("/v1/chat/completions", json=body)
+            dt = time.perf_counter() - t
+            resp.raise_for_status()
+            ch = resp.json()["choices"][0]
+            return {"latency_s": dt, "answer": ch["message"]["content"], "forwards": ch["dllm"]["forwards"],
+                    "thresholds": ch["dllm"]["thresholds"], "slo_met": ch["dllm"].get("slo_met"), **r}
+        return await asyncio.gather(*[one(r) for r in reqs])
+
+
+def summarise(outs: list[dict], slo_s: float) -> dict:
+    scored = [o for o in outs if o["reference"] is not None]
+    taus = [t for o in outs for t in o["thresholds"]]
+    return {"attainment": sum(o["latency_s"] <= slo_s for o in outs) / len(outs),
+            "exact_match": sum(is_correct(o["answer"], o["reference"]) for o in scored) / max(1, len(scored)),
+            "forwards_per_answer": statistics.mean(o["forwards"] for o in outs),
+            "mean_threshold": statistics.mean(taus), "max_threshold": max(taus),
+            "thresholds_used": sorted(set(taus)), "p50_latency_s": statistics.median(o["latency_s"] for o in outs),
+            "wall_s": max(o["latency_s"] for o in outs)}
+
+
+def run(model: str | None, n: int, rounds: int, quantile: float, log_dir: Path, extra_flags=()) -> dict:
+    server = serve(model, "--threshold-policy", "slo", *extra_flags, log_path=log_dir / "slo_burst_server.log")
+    try:
+        reqs = burst_requests(n)
+        asyncio.run(burst(server.url, reqs[:4], {"threshold": 0.9}))      # warm-up
+        results = []
+        for k in range(rounds):
+            fixed = asyncio.run(burst(server.url, reqs, {"threshold": 0.9}))
+            slo_s = float(np.quantile([o["latency_s"] for o in fixed], quantile))
+            time.sleep(0.5)
+            policy = asyncio.run(burst(server.url, reqs, {"slo_ms": 1e3 * slo_s}))
+            results.append({"round": k, "slo_ms": 1e3 * slo_s, "fixed_0.9": summarise(fixed, slo_s),
+                            "slo_policy": summarise(policy, slo_s)})
+            time.sleep(0.5)
+        return {"model": model or "embedded demo model", "requests": n, "quantile": quantile, "rounds": results}
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quantile", type=float, default=0.3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run(a.model, a.requests, a.rounds, a.quantile, Path(tmp))
+    print(f"burst of {a.requests} at once, model {r['model']}; SLO = the latency fixed 0.9 met for "
+          f"{100 * a.quantile:.0f} % of them, per round\n")
+    print("| round | SLO (s) | config | SLO attainment | exact match (tasks) | forwards / answer | mean threshold | "
+          "thresholds used | p50 latency (s) |\n|---|---|---|---|---|---|---|---|---|")
+    for rd in r["rounds"]:
+        for name in ("fixed_0.9", "slo_policy"):
+            s = rd[name]
+            print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
+                  f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
+                  f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(r, indent=2))
+
+
+if __name__ == "__main__":
+    main()
