@@ -23,10 +23,12 @@ def demand_rate(work: np.ndarray, budgets_s: np.ndarray, min_horizon_s: float) -
     return (work / np.maximum(budgets_s, min_horizon_s)[:, None]).sum(axis=0)
 
 
-def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf")) -> float:
+def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf"),
+                  recompute_rows: Callable[[int], float] | None = None) -> float:
     """Request-forwards per second one worker can run: a batch of n advances n requests by one
-    forward per iteration, so the best n / t(n) over the batch sizes it may seat whose iteration
-    stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
+    forward per iteration (plus the recompute steps in it, `recompute_rows(n)`: each is a forward
+    of its request too), so the best (n + recomputes) / t(n) over the batch sizes it may seat whose
+    iteration stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
     best = 0.0
     for n in range(1, max(1, max_batch) + 1):
         t = iteration_s(n)
@@ -34,7 +36,7 @@ def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_itera
             continue
         if n > 1 and t > max_iteration_s:
             break                       # iteration time grows with the batch
-        best = max(best, n / t)
+        best = max(best, (n + (recompute_rows(n) if recompute_rows else 0.0)) / t)
     return best
 
 

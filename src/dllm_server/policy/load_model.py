@@ -99,15 +99,19 @@ class WorkerLoadModel:
         for w in ready:
             m, r = self.models[w], self.reports.get(w)
             seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
-            keys = r.decode_keys / r.num_active_decodes if r is not None and r.num_active_decodes else 256
+            # keys per decode row of the last iteration (its own rows: the seats left after it can be fewer)
+            rows = (r.iteration_tokens - r.prefill_tokens) / self.block_length if r is not None else 0
+            keys = r.decode_keys / rows if r is not None and rows >= 1 else 256
             lam = arrival_rate * max(1.0, blocks_per_request) / len(ready)   # recompute steps per second
 
-            def t(n, m=m, k=keys, lam=lam):
+            def step(n, m=m, k=keys, lam=lam) -> tuple[float, float]:
+                """(iteration seconds, recompute steps in it) at batch n."""
                 t0 = m.predict(features(n * self.block_length, n * k))
                 share = lam * t0                       # recompute steps landing in one iteration, on average
-                return m.predict(features(n * self.block_length, n * k, share * k, share * k * k, recompute=True)) \
-                    if share > 0 else t0
-            total += capacity_rate(t, seats, max_iteration_s)
+                if share <= 0:
+                    return t0, 0.0
+                return m.predict(features(n * self.block_length, n * k, share * k, share * k * k, recompute=True)), share
+            total += capacity_rate(lambda n: step(n)[0], seats, max_iteration_s, lambda n: step(n)[1])
         return total
 
     def step_time_error(self) -> float | None:

@@ -1,0 +1,92 @@
+"""The load model's capacity estimate (policy/load_model.py WorkerLoadModel.capacity: request-
+forwards per second a worker runs) against what the worker ran, for one-block and multi-block
+answers, before and after counting a recompute step per block (issue 33: the estimate used to
+count only each request's first prefill).
+
+A real engine (one worker, the demo model, its step-time model seeded by the start-up profile and
+refitted from its iteration reports) is held at saturation: `--concurrency` requests in flight at
+all times (closed loop), each `max_tokens` long, `ignore_eos`, `max_active_decodes` = the
+concurrency so the estimate and the run seat the same batch. Measured: request-forwards (decode
+rows plus prefill rows) over the iterations' seconds. Estimated: `capacity(inf, completions/s,
+blocks)` with blocks = 1 (before) and the run's blocks per request (after).
+
+    python bench/capacity_check.py [--concurrency 16] [--seconds 20] [--max-tokens 32 128]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dllm_server import SamplingParams  # noqa: E402
+from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
+from dllm_server.config import ServerConfig  # noqa: E402
+from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
+
+
+async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_tokens: int) -> dict:
+    engine = AsyncEngine(config)
+    await engine.start(timeout_s=300)
+    first = 1 + plain_id_offset_of(config.model)
+    done, blocks, stop_at = [], [], [0.0]
+
+    async def client(i: int) -> None:
+        k = 0
+        while time.monotonic() < stop_at[0]:
+            prompt = [first + (i * 31 + k * 7 + j) % 200 for j in range(48)]
+            out = await engine.run({"prompt_token_ids": prompt},
+                                   SamplingParams(max_tokens=max_tokens, ignore_eos=True, threshold=0.9, seed=k))
+            done.append(time.monotonic())
+            blocks.append(len(out.stats.steps_per_block))
+            k += 1
+    try:
+        stop_at[0] = time.monotonic() + 3.0                    # warm-up: fills the batch, refits the model
+        await asyncio.gather(*[client(i) for i in range(concurrency)])
+        n0, t0 = len(engine.iteration_trace()), time.monotonic()
+        done.clear(), blocks.clear()
+        stop_at[0] = t0 + seconds
+        await asyncio.gather(*[client(i) for i in range(concurrency)])
+        reports = [r for _, r in engine.iteration_trace()[n0:] if r.iteration_tokens]
+        span = done[-1] - t0
+        block = config.block_length
+        rows = sum((r.iteration_tokens - r.prefill_tokens) / block + r.num_prefills for r in reports)
+        measured = rows / sum(r.iteration_s for r in reports)
+        rate = len(done) / span
+        mean_blocks = sum(blocks) / len(blocks)
+        from dllm_server.policy.step_time import report_features
+        model = engine.load.models[0]
+        predicted = sum(model.predict(report_features(r)) for r in reports) / sum(r.iteration_s for r in reports)
+        return {"iteration_model_error": predicted - 1.0,"max_tokens": max_tokens, "blocks_per_request": mean_blocks, "completions_per_s": rate,
+                "iterations": len(reports), "measured": measured,
+                "before": engine.load.capacity(float("inf"), rate, 1.0),
+                "after": engine.load.capacity(float("inf"), rate, mean_blocks)}
+    finally:
+        await engine.shutdown(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--max-tokens", type=int, nargs="+", default=[32, 128])
+    a = ap.parse_args()
+    config = ServerConfig(model=a.model, threshold_policy="slo", max_active_decodes=a.concurrency, threads_per_worker=1)
+    rows = [asyncio.run(saturate(config, a.concurrency, a.seconds, m)) for m in a.max_tokens]
+    print(f"capacity estimate vs measured, {a.concurrency} requests in flight, {a.seconds:g} s each "
+          f"(request-forwards per second)\n")
+    print("| max_tokens | blocks / request | completions / s | measured | estimate before (1 recompute / request) | "
+          "error | estimate after (1 / block) | error | step-time model on the run's own iterations |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["measured"]
+        print(f"| {r['max_tokens']} | {r['blocks_per_request']:.2f} | {r['completions_per_s']:.2f} | {m:.0f} | "
+              f"{r['before']:.0f} | {100 * (r['before'] - m) / m:+.0f} % | {r['after']:.0f} | "
+              f"{100 * (r['after'] - m) / m:+.0f} % | {100 * r['iteration_model_error']:+.0f} % |")
+
+
+if __name__ == "__main__":
+    main()
