@@ -20,6 +20,11 @@ def tiny_dream(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-dream"), arch="dream", seed=1))
 
 
+@pytest.fixture(scope="session")
+def tiny_sdar(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-sdar"), arch="sdar", seed=2))
+
+
 @pytest.fixture(scope="session", params=["llada", "dream"])
 def tiny_model(request, tiny_llada, tiny_dream) -> str:
     return tiny_llada if request.param == "llada" else tiny_dream

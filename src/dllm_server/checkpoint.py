@@ -18,15 +18,16 @@ ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
 
 
 # Diffusion architectures the workers implement (model/loader.py maps each to its module).
-ARCHITECTURES = ("LLaDAModelLM", "DreamModel")
-MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel"}
+ARCHITECTURES = ("LLaDAModelLM", "DreamModel", "SDARForCausalLM")
+MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM"}
 # generation_config.json keys honoured as request defaults, as vLLM does (max_new_tokens -> max_tokens).
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                        "max_new_tokens": "max_tokens"}
 
 
 # Where each architecture's config.json keeps its attention and KV head counts.
-HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads")}
+HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads"),
+             "SDARForCausalLM": ("num_attention_heads", "num_key_value_heads")}
 
 
 def head_counts(cfg: dict, where: str = "the checkpoint") -> tuple[int, int]:

@@ -17,7 +17,7 @@ def plain_id_offset(special_ids) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ModelArgs:
-    arch: str                 # "llada" | "dream"
+    arch: str                 # "llada" | "dream" | "sdar"
     hidden: int
     num_layers: int
     num_heads: int
@@ -34,10 +34,12 @@ class ModelArgs:
     qkv_bias: bool
     logit_shift: int          # 0: logits[i] predicts token i (LLaDA); 1: token i from i-1 (Dream)
     tp_size: int = 1          # tensor-parallel degree of the instance this rank belongs to (model/tp.py)
+    explicit_head_dim: int = 0  # config's head_dim where it is not hidden // num_heads (Qwen3, SDAR); 0: derived
+    block_size: int = 0       # > 0: block-causal attention on blocks of this width from position 0 (SDAR)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+        return self.explicit_head_dim or self.hidden // self.num_heads
 
     @property
     def local_heads(self) -> int:
@@ -49,7 +51,7 @@ class ModelArgs:
         return self.num_kv_heads // self.tp_size
 
     def __post_init__(self) -> None:
-        if self.hidden % self.num_heads:
+        if not self.explicit_head_dim and self.hidden % self.num_heads:
             raise ValueError(f"config: hidden size {self.hidden} is not divisible by {self.num_heads} heads")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"config: {self.num_heads} heads are not a multiple of {self.num_kv_heads} KV heads")
@@ -58,3 +60,5 @@ class ModelArgs:
                              f"attention heads and {self.num_kv_heads} KV heads")
         if not 0 <= self.mask_id < self.embedding_size:
             raise ValueError(f"config: mask_token_id {self.mask_id} is outside the vocabulary")
+        if self.block_size < 0:
+            raise ValueError(f"config: block_size {self.block_size} is negative")

@@ -6,6 +6,10 @@ the queries attend over the sequence's whole canvas [0, kv_len). That one rule c
 (re-)prefill (range = whole canvas), the dual-cache block step (range = block), the prefix-cache
 step (range = block + suffix) and the no-cache reference (range = whole canvas every step).
 
+Block-causal models (SDAR) set `block_size` B > 0: blocks of B positions on the absolute grid
+from canvas position 0, a query at p sees key k iff k // B <= p // B (bidirectional inside a
+block, causal across blocks). With B = 0 (LLaDA, Dream) no mask is built at all.
+
 Backends: paged SDPA (CPU and GPU fallback) and the padded decode-only form (CUDA graphs) here;
 FlashInfer in flashinfer_backend.py; the choice between them in backends.py.
 """
@@ -42,6 +46,7 @@ class AttentionBatch:
     backend: AttentionFn | None = None
     layer_done: Callable[[LayerKV], None] | None = None   # after each layer (streamed KV sends)
     fed_slots: torch.Tensor | None = None   # int64 [T]: cache slot of every packed fed token (one write)
+    block_size: int = 0    # > 0: block-causal (module docstring); `causal` takes precedence
 
 
 @dataclass(slots=True)
@@ -50,6 +55,7 @@ class DenseBatch:
     reference forwards). One batched SDPA call instead of a loop over sequences."""
     num_seqs: int
     causal: bool = False
+    block_size: int = 0    # > 0: block-causal over positions 0.. of each sequence; `causal` takes precedence
 
 
 @dataclass(slots=True)
@@ -84,10 +90,24 @@ def _read(cache: torch.Tensor, seq: SeqSpan) -> torch.Tensor:
     return cache.index_select(0, seq.slot_ids)
 
 
+def block_causal_mask(pos_start: int, q_len: int, kv_len: int, block_size: int,
+                      device: torch.device) -> torch.Tensor:
+    """bool [q_len, kv_len]: queries at [pos_start, pos_start + q_len) against keys [0, kv_len),
+    True where k // B <= p // B."""
+    qblock = torch.arange(pos_start, pos_start + q_len, device=device).div_(block_size, rounding_mode="floor")
+    kblock = torch.arange(kv_len, device=device).div_(block_size, rounding_mode="floor")
+    return kblock.unsqueeze(0) <= qblock.unsqueeze(1)
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: DenseBatch) -> torch.Tensor:
     b = batch.num_seqs
     shape = lambda x: x.view(b, -1, *x.shape[1:]).transpose(1, 2)
-    o = F.scaled_dot_product_attention(shape(q), shape(k), shape(v), is_causal=batch.causal, enable_gqa=True)
+    mask = None
+    if batch.block_size and not batch.causal:
+        n = q.shape[0] // b
+        mask = block_causal_mask(0, n, n, batch.block_size, q.device)
+    o = F.scaled_dot_product_attention(shape(q), shape(k), shape(v), attn_mask=mask, is_causal=batch.causal,
+                                       enable_gqa=True)
     return o.transpose(1, 2).reshape(q.shape)
 
 
@@ -133,6 +153,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
         if batch.causal:
             qpos = torch.arange(seq.pos_start, seq.pos_start + seq.q_len, device=q.device).unsqueeze(1)
             mask = torch.arange(seq.kv_len, device=q.device).unsqueeze(0) <= qpos
+        elif batch.block_size:
+            mask = block_causal_mask(seq.pos_start, seq.q_len, seq.kv_len, batch.block_size, q.device)
         o = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)

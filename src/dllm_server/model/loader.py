@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..checkpoint import MODEL_TYPES, architecture_of, read_config
-from . import dream, llada
+from . import dream, llada, sdar
 from .args import ModelArgs
 from .layers import Rotary
 from .tp import TPShard, read_slice, shard_model
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = {
     "LLaDAModelLM": (llada.args_from_config, llada.LLaDAModelLM),
     "DreamModel": (dream.args_from_config, dream.DreamModel),
+    "SDARForCausalLM": (sdar.args_from_config, sdar.SDARForCausalLM),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}

@@ -24,12 +24,17 @@ DREAM_TEMPLATE = (
     "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Qwen3's ChatML without its thinking blocks and tools (SDAR chat models use Qwen3's tokenizer).
+SDAR_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 # Special tokens follow the real families' strings; ids start right after the 256 bytes.
 SPECIALS = {
     "llada": ["<|endoftext|>", "<|startoftext|>", "<|start_header_id|>", "<|end_header_id|>",
               "<|eot_id|>", "<|mdm_mask|>"],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|beginoftext|>"],
+    "sdar": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"],
 }
 
 
@@ -69,6 +74,9 @@ def tokenizer_config(family: str, max_len: int) -> dict:
     if family == "llada":
         cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "mask_token": "<|mdm_mask|>", "chat_template": LLADA_TEMPLATE}
+    elif family == "sdar":            # Qwen3: no BOS token
+        cfg = {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "mask_token": "<|MASK|>", "chat_template": SDAR_TEMPLATE}
     else:
         cfg = {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "mask_token": "<|mask|>", "chat_template": DREAM_TEMPLATE}
@@ -78,8 +86,19 @@ def tokenizer_config(family: str, max_len: int) -> dict:
 
 
 def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, heads: int, kv_heads: int,
-                mlp: int, max_len: int, vocab: int, dtype: str) -> dict:
+                mlp: int, max_len: int, vocab: int, dtype: str, head_dim: int = 0, block_size: int = 4) -> dict:
     padded = -(-vocab // 64) * 64
+    if family == "sdar":              # the keys transformers' Qwen3Config reads, plus SDAR's two
+        eos = ids["<|endoftext|>"]
+        return {"architectures": ["SDARForCausalLM"], "model_type": "sdar", "hidden_size": hidden,
+                "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                "head_dim": head_dim or hidden // heads, "intermediate_size": mlp, "vocab_size": vocab,
+                "rope_theta": 1000000.0, "rope_scaling": None, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": max_len, "tie_word_embeddings": False, "attention_bias": False,
+                "attention_dropout": 0.0, "hidden_act": "silu", "use_sliding_window": False,
+                "sliding_window": None, "max_window_layers": layers, "block_size": block_size,
+                "mask_token_id": ids["<|MASK|>"], "eos_token_id": eos, "bos_token_id": eos,
+                "pad_token_id": eos, "torch_dtype": dtype}
     if family == "llada":
         return {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": hidden,
                 "n_layers": layers, "n_heads": heads, "n_kv_heads": kv_heads, "mlp_hidden_size": mlp,
@@ -96,12 +115,17 @@ def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, head
             "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|beginoftext|>"], "torch_dtype": dtype}
 
 
-def init_weights(model: torch.nn.Module, seed: int, logit_scale: float = 5.0) -> None:
-    """Seeded init with peaked output distributions, so confident parallel commits happen."""
+def init_weights(model: torch.nn.Module, seed: int, logit_scale: float = 5.0, norm_jitter: float = 0.0) -> None:
+    """Seeded init with peaked output distributions, so confident parallel commits happen.
+    `norm_jitter` > 0 draws the norm weights around 1 instead of 1 exactly, so an oracle sees a
+    norm applied in the wrong place (SDAR's q/k norms)."""
     g = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters()):
         if name.endswith("norm.weight") or name.endswith("ln_f.weight") or "layernorm" in name:
-            p.data.fill_(1.0)
+            if norm_jitter:
+                p.data.normal_(1.0, norm_jitter, generator=g)
+            else:
+                p.data.fill_(1.0)
         elif name.endswith("bias"):
             p.data.normal_(0.0, 0.02, generator=g)
         elif "wte" in name or "embed_tokens" in name:
@@ -114,21 +138,25 @@ def init_weights(model: torch.nn.Module, seed: int, logit_scale: float = 5.0) ->
 
 def make_tiny_model(out: str | Path, arch: str = "llada", seed: int = 0, hidden: int = 64,
                     layers: int = 2, heads: int = 4, kv_heads: int | None = None, mlp: int = 128,
-                    max_len: int = 1024, dtype: str = "float32", shards: int = 1) -> Path:
+                    max_len: int = 1024, dtype: str = "float32", shards: int = 1, head_dim: int = 0,
+                    block_size: int = 4) -> Path:
+    """`head_dim` (0: hidden // heads) and `block_size` apply to sdar only."""
     family = arch.lower()
     if family not in MODEL_TYPES:
         raise ValueError(f"arch: must be one of {sorted(MODEL_TYPES)}, got {arch!r}")
+    if head_dim and family != "sdar":
+        raise ValueError(f"head_dim: only sdar checkpoints set it (hidden // heads for {family})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer(out, family, max_len)
     vocab = 256 + len(ids)
     kv_heads = kv_heads or (heads if family == "llada" else max(1, heads // 2))
-    cfg = tiny_config(family, ids, hidden, layers, heads, kv_heads, mlp, max_len, vocab, dtype)
+    cfg = tiny_config(family, ids, hidden, layers, heads, kv_heads, mlp, max_len, vocab, dtype, head_dim, block_size)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
     make_args, cls = ARCHITECTURES[MODEL_TYPES[family]]
     model = cls(make_args(cfg))
-    init_weights(model, seed)
+    init_weights(model, seed, norm_jitter=0.1 if family == "sdar" else 0.0)
     save_weights(model, out, getattr(torch, dtype), shards)
     return out
 

@@ -122,7 +122,7 @@ class ModelRunner:
         dev = lambda a: (torch.frombuffer(a, dtype=torch.int64) if len(a)  # noqa: E731
                          else torch.empty(0, dtype=torch.int64)).to(self.device)
         out = self.model(torch.cat(ids).to(self.device), dev(pos),
-                         AttentionBatch(seqs, self.causal, self.attention, layer_done, dev(slots)),
+                         AttentionBatch(seqs, self.causal, self.attention, layer_done, dev(slots), self.args.block_size),
                          self.pool.layers, dev(rows))
         if not logits:
             return None

@@ -1,0 +1,134 @@
+"""SDAR (`SDARForCausalLM`, model_type "sdar"): the dense Qwen3 layout, served with a
+block-causal mask (bidirectional inside blocks of `block_size` positions, causal across them;
+model/attention.py). The MoE variant (`SDARMoeForCausalLM`) is not implemented.
+
+Parameter names follow the HF checkpoint (`model.layers.{i}.self_attn.q_proj.weight`, ...).
+Qwen3 specifics: `head_dim` is read from the config (it need not be hidden / heads), and q and k
+are RMS-normalised per head over head_dim before rotary (`self_attn.q_norm` / `k_norm`; one
+weight of head_dim each, so tensor parallelism replicates them). logits[i] predicts token i, as
+in LLaDA. The attention mask is the caller's: it builds the AttentionBatch / DenseBatch with
+`block_size=args.block_size` (worker/runner.py does).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .args import ModelArgs
+from .attention import AttentionBatch, DenseBatch, LayerKV, attend
+from .layers import Projections, RMSNorm, Rotary, ServingLinear, apply_rotary, fuse_layers, residual
+
+# (block_size, mask_token_id) for a config.json without them, per model_type (SGLang keeps such a
+# table too). SDAR: the released configs carry both; its weights were trained at block 4 only
+# (JetAstra/SDAR#1), and <|MASK|> is 151669 in the Qwen3 vocabulary.
+BLOCK_DEFAULTS = {"sdar": (4, 151669)}
+QWEN3_HEAD_DIM = 128       # transformers' Qwen3Config default when a config has no head_dim
+
+
+def args_from_config(cfg: dict) -> ModelArgs:
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"config: rope scaling {rope!r} is not supported")
+    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or []):
+        raise ValueError("config: sliding-window attention (use_sliding_window) is not supported")
+    block, mask = BLOCK_DEFAULTS["sdar"]
+    n_heads = cfg["num_attention_heads"]
+    vocab = cfg["vocab_size"]
+    eos = cfg.get("eos_token_id", 151643)
+    return ModelArgs(
+        arch="sdar", hidden=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"], num_heads=n_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or n_heads, mlp_hidden=cfg["intermediate_size"],
+        vocab_size=vocab, embedding_size=vocab,
+        rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 1e6),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), max_len=cfg.get("max_position_embeddings", 32768),
+        mask_id=cfg.get("mask_token_id", mask), eos_id=eos[0] if isinstance(eos, list) else eos,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=bool(cfg.get("attention_bias", False)),
+        logit_shift=0, explicit_head_dim=int(cfg.get("head_dim") or QWEN3_HEAD_DIM),
+        block_size=int(cfg.get("block_size") or block))
+
+
+class SDARAttention(Projections):
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        d = a.head_dim
+        self.q_proj = nn.Linear(a.hidden, a.num_heads * d, bias=a.qkv_bias)
+        self.k_proj = nn.Linear(a.hidden, a.num_kv_heads * d, bias=a.qkv_bias)
+        self.v_proj = nn.Linear(a.hidden, a.num_kv_heads * d, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(a.num_heads * d, a.hidden, bias=a.qkv_bias)
+        self.q_norm = RMSNorm(d, a.norm_eps)
+        self.k_norm = RMSNorm(d, a.norm_eps)
+        self.init_projections((a.num_heads, a.num_kv_heads, d))
+
+    def project_qkv(self, x: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections.project_qkv with Qwen3's per-head q/k norm between projection and rotary."""
+        n_h, n_kv, d = self.shape      # this rank's heads under tensor parallelism
+        if self.qkv is None:
+            q = self.q_proj(x).view(-1, n_h, d)
+            k = self.k_proj(x).view(-1, n_kv, d)
+            v = self.v_proj(x).view(-1, n_kv, d)
+        else:
+            y = self.qkv(x).view(-1, n_h + 2 * n_kv, d)
+            q, k, v = y[:, :n_h], y[:, n_h: n_h + n_kv], y[:, n_h + n_kv:]
+        return apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin), v
+
+    def forward(self, x, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
+        q, k, v = self.project_qkv(x, cos, sin)
+        return self.o_proj(attend(q, k, v, kv, batch).flatten(1))
+
+
+class SDARMLP(Projections):
+    names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
+        self.init_projections()
+
+    def forward(self, x):
+        return self.gated_mlp(x)
+
+
+class SDARLayer(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden, a.norm_eps)
+        self.self_attn = SDARAttention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden, a.norm_eps)
+        self.mlp = SDARMLP(a)
+
+    def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
+        h = residual(self.self_attn(self.input_layernorm(h), cos, sin, kv, batch), h)
+        return residual(self.mlp(self.post_attention_layernorm(h)), h)
+
+
+class SDARForCausalLM(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.args = a
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(a.embedding_size, a.hidden)
+        self.model.layers = nn.ModuleList(SDARLayer(a) for _ in range(a.num_layers))
+        self.model.norm = RMSNorm(a.hidden, a.norm_eps)
+        if not a.tie_embeddings:
+            self.lm_head = nn.Linear(a.hidden, a.embedding_size, bias=False)
+        self.rotary = Rotary(a.head_dim, a.rope_theta, a.max_len)
+
+    def fuse_projections(self) -> None:
+        fuse_layers(self)
+        if not self.args.tie_embeddings:
+            self.lm_head = ServingLinear(self.lm_head, rows=self.args.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
+                kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.tables(positions, h.dtype)
+        for layer, layer_kv in zip(self.model.layers, kv or [None] * self.args.num_layers):
+            h = layer(h, cos, sin, layer_kv, batch)
+        h = self.model.norm(h[logits_rows])
+        return h @ self.model.embed_tokens.weight.T if self.args.tie_embeddings else self.lm_head(h)
