@@ -101,7 +101,7 @@ def build(path: str, shard: TPShard | None):
 
 def rank_main(rank: int, port: int, path: str, batches: list[int], reps: int, first_id: int, results) -> None:
     torch.set_num_threads(1)
-    groups = init_groups(rank, 2, port, torch.device("cpu"))
+    groups = init_groups(rank, 2, "127.0.0.1", port, torch.device("cpu"))
     comm = [0.0]
 
     def timed_all_reduce(t):

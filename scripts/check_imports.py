@@ -4,7 +4,8 @@
   level, `TYPE_CHECKING` ones and those inside functions or methods (a lazy import only hides a
   circle from Python, not from the design);
 - the front process's layers (engine/, api/) import nothing from worker/ or model/ except
-  through the one seam, engine/worker_pool.py (it spawns the worker processes);
+  through the seam, engine/worker_pool.py and engine/launchers.py (they start the worker
+  processes: the entries they run);
 - api/ reads the engine only through AsyncEngine's public surface: no `.scheduler` attribute;
 - no module over MAX_LINES lines, and the Scheduler class under MAX_SCHEDULER lines.
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "dllm_server"
-SEAMS = {"dllm_server.engine.worker_pool"}
+SEAMS = {"dllm_server.engine.worker_pool", "dllm_server.engine.launchers"}
 FRONT = ("dllm_server.engine", "dllm_server.api")
 BACK = ("dllm_server.worker", "dllm_server.model")
 MAX_LINES, MAX_SCHEDULER = 400, 250

@@ -86,6 +86,15 @@ class ServerConfig:
                         choices=("colocated", "disaggregated", "hybrid"))
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
+    distributed_executor_backend: str = _f("mp", "how worker processes start: mp (local subprocesses) or ray "
+                                           "(Ray actors on a Ray cluster, maybe on other nodes; docs/multinode.md)",
+                                           choices=("mp", "ray"))
+    ray_address: str | None = _f(None, "ray only: the cluster to join (auto: the running one on this machine, or "
+                                 "HOST:PORT); none: start a local Ray instance")
+    ray_placement_strategy: str = _f("PACK", "ray only: placement of the workers' bundles (PACK: as few nodes as "
+                                     "possible; SPREAD / STRICT_SPREAD: over nodes, e.g. prefill and decode apart)",
+                                     choices=("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"))
+    ray_namespace: str = _f("dllm-server", "ray only: the Ray namespace of this server's actors")
     tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
                                    "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
                                    "heads and MLP rows; must divide the model's attention and KV heads; colocated "

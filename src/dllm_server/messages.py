@@ -31,6 +31,8 @@ class WorkerSpec:
     tp_rank: int = 0          # its rank in its tensor-parallel instance (0 leads: the worker the front knows)
     tp_size: int = 1
     tp_port: int = 0          # the instance's own torch.distributed rendezvous
+    dist_host: str = "127.0.0.1"   # where the KV world's store lives (worker 0's node: the ray backend)
+    tp_host: str = "127.0.0.1"     # where the instance's store lives (its rank 0's node)
 
 
 @dataclass(frozen=True, slots=True)

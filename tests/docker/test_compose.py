@@ -95,3 +95,23 @@ def test_env_example_and_gitignore():
     assert re.search(r"^DLLM_API_KEY=", example, re.M)
     assert re.search(r"^MODEL_DIR=", example, re.M)
     assert ".env" in (DOCKER_DIR / ".gitignore").read_text().split()
+
+
+def test_ray_compose_has_a_head_that_serves_and_a_worker_that_joins_it():
+    """docker/compose.ray.yaml (docs/multinode.md): the CPU image with the ray extra; the head runs
+    Ray's head and the server as its driver, spreading the workers; the worker node joins it. The
+    server's flags parse into a valid ServerConfig."""
+    from dllm_server.cli import build_parser, config_from_args
+    data = yaml.safe_load((DOCKER_DIR / "compose.ray.yaml").read_text())
+    head, worker = data["services"]["ray-head"], data["services"]["ray-worker"]
+    for s in (head, worker):
+        assert s["build"]["args"]["DLLM_EXTRAS"] == "serve,ray" and s["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+        assert str(s["shm_size"]).endswith("gb")      # Ray's object store lives in /dev/shm
+    script = head["command"][0]
+    assert script.startswith("ray start --head --port 6379")
+    serve = script.split("exec dllm-server ", 1)[1].split()
+    config = config_from_args(build_parser().parse_args(serve))
+    assert config.distributed_executor_backend == "ray" and config.ray_address == "auto"
+    assert config.ray_placement_strategy == "STRICT_SPREAD" and config.num_workers == 2
+    assert "--address ray-head:6379" in worker["command"][0]
+    assert any(p.endswith(":8000") for p in head["ports"])

@@ -45,7 +45,7 @@ def test_torch_install(image):
     assert "torch==${TORCH_VERSION}" in runs and '--index-url "${TORCH_INDEX_URL}"' in runs
     want = "https://download.pytorch.org/whl/cpu" if image == "cpu" else "https://download.pytorch.org/whl/cu"
     assert args["TORCH_INDEX_URL"].startswith(want)
-    assert "[serve]" in runs or "${extras}" in runs
+    assert "[serve]" in runs or "${extras}" in runs or ("${DLLM_EXTRAS}" in runs and args["DLLM_EXTRAS"] == "serve")
     if image == "cuda":
         assert "serve,gpu" in runs, "the CUDA image can add the gpu extra (flashinfer-python)"
 
@@ -107,8 +107,8 @@ def test_fallback_parser_agrees_with_buildkit_parser(image):
 IMAGE_SPECIFIC = {
     "cuda": [r"FROM ", r"ARG (CUDA_VERSION|CUDA_FLAVOR|WITH_FLASHINFER)=", r"ARG TORCH_INDEX_URL=",
              r"ENV DEBIAN_FRONTEND ", r"RUN apt-get update ", r"ENV NVIDIA_", r"RUN extras=", r"HEALTHCHECK "],
-    "cpu": [r"FROM ", r"ARG PYTHON_IMAGE=", r"ARG TORCH_INDEX_URL=", r'RUN pip install --no-cache-dir "\./\[serve\]"$',
-            r"HEALTHCHECK "],
+    "cpu": [r"FROM ", r"ARG PYTHON_IMAGE=", r"ARG TORCH_INDEX_URL=", r"ARG DLLM_EXTRAS=",
+            r'RUN pip install --no-cache-dir "\./\[\$\{DLLM_EXTRAS\}\]"$', r"HEALTHCHECK "],
 }
 
 

@@ -10,8 +10,8 @@ import time
 
 import torch.multiprocessing as mp
 
-from dllm_server.channel import Outbox
 from dllm_server.config import ServerConfig
+from dllm_server.engine.launchers import PipeChannel, ProcessHandle
 from dllm_server.engine.worker_pool import WorkerPool, _Slot
 from dllm_server.messages import WorkerSpec
 
@@ -25,11 +25,11 @@ def _half_write_then_wait(outbox, ready) -> None:
 
 def _start(pool: WorkerPool, ctx, wid: int = 0) -> tuple[_Slot, object]:
     ready = ctx.Event()
-    inbox, outbox = ctx.Queue(), Outbox(ctx)
-    proc = ctx.Process(target=_half_write_then_wait, args=(outbox.writer, ready), daemon=True)
+    channel = PipeChannel(ctx)
+    proc = ctx.Process(target=_half_write_then_wait, args=(channel.outbox.writer, ready), daemon=True)
     proc.start()
-    outbox.close_writer()
-    slot = _Slot(WorkerSpec(wid, "colocated", "cpu", 1, "-", 1, 0), proc, inbox, outbox)
+    channel.started()
+    slot = _Slot(WorkerSpec(wid, "colocated", "cpu", 1, "-", 1, 0), ProcessHandle(proc), channel)
     pool.slots[wid] = slot
     pool._monitor(slot)
     return slot, ready
@@ -43,7 +43,7 @@ async def test_a_worker_killed_mid_message_is_reported_dead():
     def on_death(wid, code):
         deaths.append((wid, code))
         died.set()
-    pool = WorkerPool(ServerConfig(), "-", ["colocated"], ["cpu"], loop, lambda w, b: got.append(b), on_death)
+    pool = WorkerPool(ServerConfig(), "-", ["colocated"], [("cpu",)], loop, lambda w, b: got.append(b), on_death)
     ctx = mp.get_context("spawn")
     slot, ready = _start(pool, ctx)
     assert await loop.run_in_executor(None, ready.wait, 60)
@@ -64,7 +64,7 @@ async def test_a_replaced_process_is_not_reported_as_a_new_death():
     the restart, not to the pool's callbacks."""
     loop = asyncio.get_running_loop()
     deaths = []
-    pool = WorkerPool(ServerConfig(), "-", ["colocated"], ["cpu"], loop, lambda w, b: None,
+    pool = WorkerPool(ServerConfig(), "-", ["colocated"], [("cpu",)], loop, lambda w, b: None,
                       lambda w, c: deaths.append(w))
     ctx = mp.get_context("spawn")
     old, ready = _start(pool, ctx)

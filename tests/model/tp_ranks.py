@@ -50,7 +50,7 @@ def build(path: str, dtype: str, shard: TPShard | None):
 
 def rank_main(rank: int, size: int, port: int, path: str, dtypes: list[str], results) -> None:
     torch.set_num_threads(1)
-    groups = init_groups(rank, size, port, torch.device("cpu"))
+    groups = init_groups(rank, size, "127.0.0.1", port, torch.device("cpu"))
     try:
         for dtype in dtypes:
             runner, pool, args = build(path, dtype, TPShard(rank, size, groups.all_reduce))

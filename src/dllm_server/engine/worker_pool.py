@@ -1,7 +1,8 @@
-"""Worker processes: spawn (torch.multiprocessing, spawn context), one inbox and one outbox per
-worker, a reader thread per outbox feeding the asyncio loop, liveness by process state (and by
-its sentinel, independently of the outbox), restart and join. Holds no policy: deaths and
-messages are handed to callbacks on the loop.
+"""Worker processes: start (through a launch backend, engine/launchers.py: local subprocesses or
+Ray actors), one channel per worker (channel.py: pipes or a socket), a reader thread per channel
+feeding the asyncio loop, liveness by process state (and by the launcher's own sign of a death,
+independently of the channel), restart and join. Holds no policy: deaths and messages are handed
+to callbacks on the loop.
 
 A worker is a model *instance*: with tensor_parallel_size d it is d processes (rank 0 leads and
 owns the inbox and outbox; the followers only run the sharded forwards its plans describe), in
@@ -9,8 +10,9 @@ a torch.distributed world of their own, so restarting one instance touches no ot
 death is its instance's: the others are killed at once (they would wait in a collective), and
 the death is reported once, for the worker id.
 
-This is the front process's one seam to the worker side: the only engine/ or api/ module that
-imports from worker/ (the process entry point it spawns). Everything else crosses as messages."""
+With engine/launchers.py this is the front process's seam to the worker side: the only engine/ or
+api/ modules that import from worker/ (the entries they start). Everything else crosses as
+messages."""
 from __future__ import annotations
 
 import asyncio
@@ -21,15 +23,10 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 
-import torch.multiprocessing as mp
-
-from ..channel import Outbox
 from ..config import ServerConfig
-from ..launch import free_port
 from ..messages import Shutdown, WorkerSpec
-from ..worker.main import worker_main
+from .launchers import make_launcher
 
 log = logging.getLogger(__name__)
 # How long a dead worker's reader gets to hand over what the worker sent before dying, before the
@@ -40,10 +37,9 @@ READER_GRACE_S = 1.0
 @dataclass(slots=True)
 class _Slot:
     spec: WorkerSpec
-    process: object
-    inbox: object
-    outbox: object
-    followers: list = field(default_factory=list)   # tensor-parallel ranks 1..d-1 (processes)
+    process: object                     # the leader's handle (launchers.py)
+    channel: object                     # its inbox and outbox
+    followers: list = field(default_factory=list)   # tensor-parallel ranks 1..d-1 (handles)
     reader: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     death_reported: bool = False        # by a thread (once)
@@ -61,7 +57,6 @@ class WorkerPool:
         self.loop = loop
         self.on_messages = on_messages      # (worker_id, list[msg]) on the loop
         self.on_death = on_death            # (worker_id, exitcode) on the loop
-        self.ctx = mp.get_context("spawn")
         self.slots: dict[int, _Slot] = {}
         self.starts: dict[int, int] = {}    # processes started per worker id
         self._stopping = False
@@ -70,37 +65,38 @@ class WorkerPool:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.tp = config.tensor_parallel_size
         self.threads = config.threads_per_worker or max(1, (cores - 1) // (len(roles) * self.tp))
+        self.launcher = make_launcher(config, len(roles), self.tp, self.threads, devices[0][0].startswith("cuda"))
 
     @property
     def uses_process_group(self) -> bool:
         return "prefill" in self.roles
 
     def start_all(self) -> None:
-        port = free_port() if self.uses_process_group else 0
-        for wid in range(len(self.roles)):
-            self._start(wid, port)
+        self._start_group(list(range(len(self.roles))))
 
-    def _start(self, wid: int, port: int) -> None:
+    def _start_group(self, ids: list[int]) -> None:
+        """Start these workers; the ones that hand KV over share one torch.distributed world,
+        whose store lives in worker 0's process (its node's address)."""
+        handles = {wid: [self.launcher.create(wid, r) for r in range(self.tp)] for wid in ids}
+        kv = self.launcher.rendezvous(handles[0][0]) if self.uses_process_group else ("127.0.0.1", 0)
+        for wid in ids:
+            self._start(wid, kv, handles[wid])
+
+    def _start(self, wid: int, kv: tuple[str, int], handles: list) -> None:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
-        tp_port = free_port() if self.tp > 1 else 0
+        tp_host, tp_port = self.launcher.rendezvous(handles[0]) if self.tp > 1 else ("127.0.0.1", 0)
+        starts = self.starts.get(wid, 0)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid][0], self.threads, self.model_path,
-                          len(self.roles) if self.uses_process_group else 1, port, peers, self.starts.get(wid, 0),
-                          0, self.tp, tp_port)
-        self.starts[wid] = self.starts.get(wid, 0) + 1
-        inbox, outbox = self.ctx.Queue(), Outbox(self.ctx)
-        proc = self.ctx.Process(target=worker_main, args=(spec, self.worker_config, inbox, outbox.writer),
-                                name=f"dllm-worker-{wid}", daemon=True)
-        proc.start()
-        outbox.close_writer()
-        followers = []
+                          len(self.roles) if self.uses_process_group else 1, kv[1], peers, starts,
+                          0, self.tp, tp_port, kv[0], tp_host)
+        self.starts[wid] = starts + 1
+        channel = self.launcher.channel(f"{wid}-{starts}")
+        self.launcher.run(handles[0], spec, self.worker_config, channel)
         for rank in range(1, self.tp):
             follower = dataclasses.replace(spec, device=self.devices[wid][rank], tp_rank=rank)
-            p = self.ctx.Process(target=worker_main, args=(follower, self.worker_config, None, None),
-                                 name=f"dllm-worker-{wid}-rank{rank}", daemon=True)
-            p.start()
-            followers.append(p)
-        slot = _Slot(spec, proc, inbox, outbox, followers)
+            self.launcher.run(handles[rank], follower, self.worker_config, None)
+        slot = _Slot(spec, handles[0], channel, handles[1:])
         self.slots[wid] = slot
         self._monitor(slot)
 
@@ -116,9 +112,8 @@ class WorkerPool:
         ids = list(self.slots) if self.uses_process_group else [wid]
         for i in ids:
             self._kill(self.slots[i])
-        port = free_port() if self.uses_process_group else 0
-        for i in ids:
-            self._start(i, port)
+            self.slots[i].channel.close()
+        self._start_group(ids)
         return ids
 
     def kill(self, wid: int) -> None:
@@ -132,7 +127,7 @@ class WorkerPool:
         return [p.pid for p in [self.slots[wid].process, *self.slots[wid].followers]]
 
     def send(self, wid: int, msg) -> None:
-        self.slots[wid].inbox.put(msg)
+        self.slots[wid].channel.send(msg)
 
     def _read(self, slot: _Slot) -> None:
         """Forward a worker's batches to the loop; once it is dead and its outbox empty, report
@@ -140,7 +135,7 @@ class WorkerPool:
         _no_wakeup_preemption()
         while True:
             try:
-                batch = slot.outbox.get(timeout=0.1)
+                batch = slot.channel.get(timeout=0.1)
             except queue.Empty:
                 if not slot.process.is_alive():
                     self._report_death(slot)
@@ -151,12 +146,13 @@ class WorkerPool:
             self._post(self._deliver, slot, batch)
 
     def _watch(self, slot: _Slot) -> None:
-        """The death as the kernel reports it (the process sentinel), whatever the outbox does (a
-        reader stopped by a half-written message, or one that is slow to see the end of the pipe).
+        """The death as the launcher reports it (a process sentinel, the end of an actor's run call),
+        whatever the channel does (a reader stopped by a half-written message, or one that is slow
+        to see the end of the pipe).
         The reader gets READER_GRACE_S to report the death in order, after everything the worker
         sent; if it has not, the death is reported here and whatever the reader still gets is
         dropped."""
-        wait([p.sentinel for p in [slot.process, *slot.followers]])
+        self.launcher.wait_any([slot.process, *slot.followers])
         for p in [slot.process, *slot.followers]:       # a rank alone cannot go on: the instance ends
             if p.is_alive():
                 p.kill()
@@ -200,7 +196,7 @@ class WorkerPool:
         self._stopping = True
         for slot in self.slots.values():
             try:
-                slot.inbox.put(Shutdown())
+                slot.channel.send(Shutdown())
             except (OSError, ValueError):
                 pass
         for slot in self.slots.values():
@@ -209,6 +205,8 @@ class WorkerPool:
             if any(p.is_alive() for p in [slot.process, *slot.followers]):
                 log.warning("worker %d did not exit in %.0f s; killing it", slot.spec.worker_id, timeout_s)
                 self._kill(slot)
+            slot.channel.close()
+        self.launcher.close()
 
 
 def _no_wakeup_preemption() -> None:

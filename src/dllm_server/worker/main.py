@@ -86,10 +86,10 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
     transfers = spec.world_size > 1
     if transfers:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                init_method=f"tcp://127.0.0.1:{spec.dist_port}",
+                                init_method=f"tcp://{spec.dist_host}:{spec.dist_port}",
                                 rank=spec.worker_id, world_size=spec.world_size)
         connect_peers(spec.worker_id, list(spec.kv_peers), device)
-    tp = init_groups(0, spec.tp_size, spec.tp_port, device) if spec.tp_size > 1 else None
+    tp = init_groups(0, spec.tp_size, spec.tp_host, spec.tp_port, device) if spec.tp_size > 1 else None
     core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put, tp=tp)
     rss = gather_rss(tp)
     log.info("worker %d: %d rank(s), resident memory after loading %s MB", spec.worker_id, spec.tp_size,
@@ -115,7 +115,7 @@ def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
         hold_freed_memory(config.malloc_hold_mb)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_port, device)
+    tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_host, spec.tp_port, device)
     stepper, pool, args = build_stepper(config, spec.model_path, device, tp)
     gather_rss(tp)
     n = follow(stepper.runner, tp, args.mask_id, pool.page_size)

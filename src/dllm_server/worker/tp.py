@@ -44,11 +44,11 @@ class TPGroups:
         dist.all_reduce(t, group=self.reduce)
 
 
-def init_groups(rank: int, size: int, port: int, device: torch.device) -> TPGroups:
+def init_groups(rank: int, size: int, host: str, port: int, device: torch.device) -> TPGroups:
     """Join the instance's torch.distributed world (its own port: one instance's restart never
-    touches another's)."""
+    touches another's); its store lives in rank 0's process, at `host`."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
                             timeout=GROUP_TIMEOUT)
     plan = dist.new_group(backend="gloo", timeout=GROUP_TIMEOUT) if backend != "gloo" else dist.group.WORLD
     groups = TPGroups(rank, size, plan, dist.group.WORLD)

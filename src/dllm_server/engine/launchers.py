@@ -1,0 +1,223 @@
+"""How a worker process is started, placed and watched: the launch backend WorkerPool is given
+(`--distributed-executor-backend`, vLLM's name). The pool keeps its job (channels, readers,
+deaths, restarts); a launcher only creates processes and says when one has ended.
+
+- `MpLauncher` (default): local subprocesses (torch.multiprocessing, spawn), the pipe channel,
+  liveness from the process sentinels, rendezvous on 127.0.0.1.
+- `RayLauncher`: Ray actors (worker/ray_actor.py) in placement groups on a running Ray cluster,
+  maybe on other nodes: the socket channel (channel.py), liveness from each actor's long-running
+  `run` call, rendezvous at the IP of the rank-0 actor's node. Ray places and starts processes;
+  no per-iteration message goes through a Ray call.
+
+This module and engine/worker_pool.py are the front's seams to worker/ (the entries they start).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from multiprocessing.connection import wait
+
+import torch.multiprocessing as mp
+
+from ..channel import Outbox, SocketHub
+from ..launch import free_port
+from ..worker.main import worker_main
+
+log = logging.getLogger(__name__)
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+class PipeChannel:
+    """The front's end of a local worker's pipes (an mp.Queue inbox, a pipe outbox)."""
+
+    def __init__(self, ctx):
+        self.inbox, self.outbox = ctx.Queue(), Outbox(ctx)
+
+    @property
+    def ends(self):
+        return self.inbox, self.outbox.writer
+
+    def started(self) -> None:
+        self.outbox.close_writer()       # the worker holds its own copy: its death ends our reads
+
+    def send(self, msg) -> None:
+        self.inbox.put(msg)
+
+    def get(self, timeout: float) -> list:
+        return self.outbox.get(timeout)
+
+    def close(self) -> None:
+        pass
+
+
+class ProcessHandle:
+    def __init__(self, proc):
+        self.proc = proc
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode
+
+    def is_alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def join(self, timeout: float) -> None:
+        self.proc.join(timeout=timeout)
+
+
+class MpLauncher:
+    name = "mp"
+
+    def __init__(self):
+        self.ctx = mp.get_context("spawn")
+
+    def channel(self, key: str) -> PipeChannel:
+        return PipeChannel(self.ctx)
+
+    def create(self, wid: int, rank: int) -> ProcessHandle:
+        return ProcessHandle(None)
+
+    def rendezvous(self, handle: ProcessHandle) -> tuple[str, int]:
+        return "127.0.0.1", free_port()
+
+    def run(self, handle: ProcessHandle, spec, config, channel: PipeChannel | None) -> None:
+        name = f"dllm-worker-{spec.worker_id}" + (f"-rank{spec.tp_rank}" if spec.tp_rank else "")
+        ends = channel.ends if channel is not None else (None, None)
+        handle.proc = self.ctx.Process(target=worker_main, args=(spec, config, *ends), name=name, daemon=True)
+        handle.proc.start()
+        if channel is not None:
+            channel.started()
+
+    def wait_any(self, handles: list[ProcessHandle]) -> None:
+        wait([h.proc.sentinel for h in handles])
+
+    def close(self) -> None:
+        pass
+
+
+class RayHandle:
+    def __init__(self, actor, pid: int, node_ip: str, port: int):
+        self.actor, self.pid, self.node_ip, self.port = actor, pid, node_ip, port
+        self.ref = None              # the long-running run() call: it ends when the process does
+        self.exitcode: int | None = None
+
+    def is_alive(self) -> bool:
+        import ray
+        if self.ref is None:
+            return True
+        try:
+            done, _ = ray.wait([self.ref], timeout=0)
+        except Exception:              # no Ray connection any more: nothing of ours runs
+            return False
+        return not done
+
+    def kill(self) -> None:
+        import ray
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+
+    def join(self, timeout: float) -> None:
+        import ray
+        if self.ref is not None:
+            ray.wait([self.ref], timeout=timeout)
+
+
+class RayLauncher:
+    """Workers as Ray actors: one bundle per process ({CPU: threads}, plus a GPU on CUDA). With
+    tensor_parallel_size 1 one placement group holds every worker with `ray_placement_strategy`
+    (PACK by default; SPREAD or STRICT_SPREAD put the workers, and so prefill and decode roles, on
+    different nodes); with d > 1 each instance gets its own STRICT_PACK group, so its ranks share
+    a node (their all-reduces never cross one)."""
+    name = "ray"
+
+    def __init__(self, config, num_workers: int, tp: int, num_threads: int, use_gpu: bool):
+        try:
+            import ray
+            from ray.util.placement_group import placement_group
+        except ImportError:
+            raise ValueError("distributed_executor_backend: ray needs Ray: pip install 'dllm-server[ray]'") from None
+        self.ray = ray
+        self.groups: list = []
+        self.hub: SocketHub | None = None
+        address = None if config.ray_address in (None, "local") else config.ray_address
+        ray.init(address=address, namespace=config.ray_namespace, ignore_reinit_error=True,
+                 **({} if address is not None else {"num_cpus": os.cpu_count()}))
+        self.hub = SocketHub(ray.util.get_node_ip_address())
+        bundle = {"CPU": num_threads, **({"GPU": 1} if use_gpu else {})}
+        if tp == 1:
+            groups = [placement_group([bundle] * num_workers, strategy=config.ray_placement_strategy)]
+            self.bundles = {(w, 0): (groups[0], w) for w in range(num_workers)}
+        else:
+            groups = [placement_group([bundle] * tp, strategy="STRICT_PACK") for _ in range(num_workers)]
+            self.bundles = {(w, r): (groups[w], r) for w in range(num_workers) for r in range(tp)}
+        self.groups = groups
+        try:
+            ray.get([g.ready() for g in groups], timeout=PLACEMENT_TIMEOUT_S)
+        except Exception:
+            self.close()
+            raise RuntimeError(f"ray: the placement groups ({len(groups)} x {bundle}) were not placed within "
+                               f"{PLACEMENT_TIMEOUT_S:.0f} s; see `ray status` for the cluster's free resources") from None
+        from ..worker.ray_actor import WorkerActor
+        self.actor_cls = ray.remote(WorkerActor)
+        self.num_threads, self.use_gpu = num_threads, use_gpu
+
+    def channel(self, key: str):
+        return self.hub.channel(key)
+
+    def create(self, wid: int, rank: int) -> RayHandle:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        group, index = self.bundles[(wid, rank)]
+        actor = self.actor_cls.options(
+            num_cpus=self.num_threads, num_gpus=1 if self.use_gpu else 0, name=None, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)).remote()
+        node_ip, port, pid = self.ray.get(actor.where.remote(), timeout=PLACEMENT_TIMEOUT_S)
+        return RayHandle(actor, pid, node_ip, port)
+
+    def rendezvous(self, handle: RayHandle) -> tuple[str, int]:
+        """The store lives in rank 0's process: its node's IP (every node reaches it), not 127.0.0.1."""
+        return handle.node_ip, handle.port
+
+    def run(self, handle: RayHandle, spec, config, channel) -> None:
+        handle.ref = handle.actor.run.remote(spec, config, channel.ends if channel is not None else None)
+
+    def wait_any(self, handles: list[RayHandle]) -> None:
+        refs = [h.ref for h in handles if h.ref is not None]
+        try:
+            if refs:
+                self.ray.wait(refs, num_returns=1)
+        except Exception:              # Ray itself went away (shutdown): as good as every actor
+            for h in handles:
+                h.exitcode = 1 if h.exitcode is None else h.exitcode
+            return
+        for h in handles:
+            if h.ref is not None and not h.is_alive():
+                with contextlib.suppress(Exception):
+                    self.ray.get(h.ref, timeout=0)
+                    h.exitcode = 0
+                if h.exitcode is None:
+                    h.exitcode = 1
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+        for g in self.groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(g)
+        if self.hub is not None:
+            self.hub.close()
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
+
+
+def make_launcher(config, num_workers: int, tp: int, num_threads: int, use_gpu: bool):
+    if config.distributed_executor_backend == "ray":
+        return RayLauncher(config, num_workers, tp, num_threads, use_gpu)
+    return MpLauncher()

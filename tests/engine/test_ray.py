@@ -1,0 +1,124 @@
+"""The ray launch backend on a two-node Ray cluster simulated on this machine
+(ray.cluster_utils.Cluster, one CPU a node, loopback pinned): colocated workers spread over both
+nodes and a disaggregated pair with prefill on one node and decode on the other are
+token-identical to the offline API; a worker process killed mid-load ends its requests within
+5 s and the server recovers; a shutdown leaves no live actor or placement group of ours. One
+cluster for the module (Ray's own advice: its start-up is the cost)."""
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+# Ray rewrites a localhost address to the host's interface IP and a driver then waits for ever;
+# this makes its node-IP detection return loopback (every node stays on 127.0.0.1). It must be
+# set before Ray is imported.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+ray = pytest.importorskip("ray", reason="Ray is not installed (the ray or test extra)")
+
+from dllm_server import LLM, SamplingParams  # noqa: E402
+from dllm_server.config import ServerConfig  # noqa: E402
+from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
+
+from .test_placements import mixed_requests  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+NAMESPACE = "dllm-server-test"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    node = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
+    c = Cluster(initialize_head=True, head_node_args={**node, "resources": {"node_a": 1}})
+    c.add_node(**node, resources={"node_b": 1})
+    yield c
+    ray.shutdown()            # no driver may stay connected while its nodes go
+    c.shutdown()
+
+
+def actor_nodes() -> dict[int, str]:
+    """pid -> node id of every live actor of our namespace (while an engine holds Ray's
+    connection in this process)."""
+    from ray.util.state import list_actors
+    return {a.pid: a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+            if a.ray_namespace == NAMESPACE}
+
+
+def ray_config(cluster, model: str, **kw) -> ServerConfig:
+    return ServerConfig(model=model, block_length=8, dtype="float32", threads_per_worker=1,
+                        distributed_executor_backend="ray", ray_address=cluster.address, ray_namespace=NAMESPACE,
+                        ray_placement_strategy="STRICT_SPREAD", **kw)
+
+
+async def _serve(config: ServerConfig, reqs, check=None):
+    engine = AsyncEngine(config)
+    await engine.start(timeout_s=180)
+    try:
+        outs = await asyncio.gather(*[engine.run(p, s) for p, s in reqs])
+        pids = [w.rank_pids[0] for w in engine.stats().workers]
+        extra = check(engine) if check else None
+        return outs, pids, extra, engine.stats()
+    finally:
+        await engine.shutdown(0)
+
+
+@pytest.mark.parametrize("placement", ["colocated", "disaggregated"])
+def test_workers_on_two_nodes_match_offline(cluster, tiny_llada, placement):
+    reqs = mixed_requests(12)
+    offline = LLM(tiny_llada, block_length=8, dtype="float32").generate([p for p, _ in reqs], [s for _, s in reqs])
+    config = ray_config(cluster, tiny_llada, placement=placement, num_workers=2 if placement == "colocated" else 1,
+                        num_prefill_workers=1)
+    outs, pids, nodes, stats = asyncio.run(_serve(config, reqs, check=lambda e: actor_nodes()))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
+    assert len({nodes[p] for p in pids}) == 2                  # one worker on each node
+    if placement == "disaggregated":
+        assert stats.counters.kv_transfer_bytes > 0 and stats.counters.kv_transfers_failed == 0
+
+
+def test_a_killed_worker_fails_its_requests_fast_and_the_server_recovers(cluster, tiny_llada):
+    async def run():
+        engine = AsyncEngine(ray_config(cluster, tiny_llada, num_workers=2))
+        await engine.start(timeout_s=180)
+        try:
+            params = SamplingParams(max_tokens=480, ignore_eos=True, steps=480)     # slow: one token a forward
+            tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3]}, params)) for i in range(24)]
+            ended = {}
+            for i, t in enumerate(tasks):
+                t.add_done_callback(lambda _, i=i: ended.setdefault(i, time.monotonic()))
+            while engine.stats().num_running < 8:                  # both workers busy
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert not any(t.done() for t in tasks)
+            victim = engine.stats().workers[0].pid
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            await asyncio.wait(tasks, timeout=120)
+            outs = [t.result() for t in tasks]
+            errors = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
+            assert errors and all("worker 0 died" in outs[i].error for i in errors)
+            assert all(o.finish_reason in ("length", "error") for o in outs)
+            assert max(ended[i] for i in errors) - killed_at < 5.0
+            deadline = time.monotonic() + 90
+            while not engine.is_healthy and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert engine.is_healthy and engine.stats().workers[0].pid != victim
+            more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
+                                          for i in range(6)])
+            assert all(o.finish_reason in ("stop", "length") for o in more)
+        finally:
+            await engine.shutdown(0)
+    asyncio.run(run())
+
+
+def test_shutdown_leaves_no_actor_or_placement_group_of_ours(cluster, tiny_llada):
+    from ray.util.state import list_actors, list_placement_groups
+    asyncio.run(_serve(ray_config(cluster, tiny_llada, num_workers=2), mixed_requests(2)))
+    ray.init(address=cluster.address, namespace=NAMESPACE, ignore_reinit_error=True)
+    try:
+        alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True) if a.ray_namespace == NAMESPACE]
+        groups = [g for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
+    finally:
+        ray.shutdown()
+    assert alive == [] and groups == []
