@@ -131,6 +131,9 @@ def add_sim_parsers(sub) -> None:
     plan.add_argument("--slo-s", type=float, default=20.0, help="end-to-end latency bound")
     plan.add_argument("--taus", default="256,1024,4096,inf", help="token budgets of the colocated candidates")
     plan.add_argument("--theta", type=int, default=8192, help="overflow threshold of the hybrid candidates")
+    plan.add_argument("--tensor-parallel", default="1", help="tensor-parallel degrees, comma-separated (e.g. 1,2,4): "
+                      "adds colocated N x TPd candidates (N = workers // d) at each tau for every d > 1 dividing the "
+                      "model's heads, each instance simulated with the roofline at degree d")
     plan.add_argument("--start-rate", type=float, default=1.0)
     plan.add_argument("--tolerance", type=float, default=0.05, help="capacity bracket, relative")
     plan.add_argument("--seed", type=int, default=0)

@@ -95,6 +95,12 @@ class ServerConfig:
                                      "possible; SPREAD / STRICT_SPREAD: over nodes, e.g. prefill and decode apart)",
                                      choices=("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"))
     ray_namespace: str = _f("dllm-server", "ray only: the Ray namespace of this server's actors")
+    reconfigure: bool = _f(False, "regroup the devices into instances of other tensor-parallel degrees while "
+                           "serving, by DiLaServe's two-stage ILP every reconfigure_period_s (colocated, mp backend, "
+                           "slo policy; docs/reconfiguration.md)")
+    reconfigure_period_s: float = _f(60.0, "how often the reconfiguration planner decides (bursts shorter than "
+                                     "this are load control's)")
+    reconfigure_min_gain: float = _f(0.02, "the least gain in mean threshold a regroup must bring (hysteresis)")
     tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
                                    "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
                                    "heads and MLP rows; must divide the model's attention and KV heads; colocated "
@@ -197,6 +203,14 @@ class ServerConfig:
             bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
         if isinstance(self.tensor_parallel_size, bool) or self.tensor_parallel_size < 1:
             bad("tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        if self.reconfigure and (self.placement != "colocated" or self.distributed_executor_backend != "mp"
+                                 or self.threshold_policy != "slo"):
+            bad("reconfigure", "needs colocated placement, the mp backend and --threshold-policy slo (the planner "
+                "plans thresholds; disaggregated workers hand KV between fixed pairs; ray fixes its bundles)")
+        if not self.reconfigure_period_s > 0:
+            bad("reconfigure_period_s", f"must be > 0, got {self.reconfigure_period_s}")
+        if not 0 <= self.reconfigure_min_gain < 1:
+            bad("reconfigure_min_gain", f"must be in [0, 1), got {self.reconfigure_min_gain}")
         if self.tensor_parallel_size > 1 and self.placement != "colocated":
             bad("tensor_parallel_size", f"{self.tensor_parallel_size} with {self.placement} placement is not supported "
                 "yet (its KV handoff moves whole-model pages between single-process workers): use colocated "

@@ -178,6 +178,12 @@ def eval_path() -> Path:
     return Path(str(resources.files("dllm_server") / "assets" / "eval" / EVAL_FILE))
 
 
+def lm_eval_task_dir() -> Path:
+    """The lm-evaluation-harness task folder (`--include_path`): a task per demo task,
+    `dllm_demo_<task>`, and the group `dllm_demo`, all reading the shipped file."""
+    return Path(str(resources.files("dllm_server") / "assets" / "eval" / "lm_eval"))
+
+
 def load_eval(path: str | Path | None = None, tasks: Sequence[str] | None = None,
               per_task: int | None = None) -> list[TaskItem]:
     """The evaluation set (default: the shipped file), optionally only `tasks`, the first

@@ -92,6 +92,14 @@ class ReviseBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class Evict:
+    """A regroup drains this worker: give back block `block_index` of the request if it has not
+    started (its full-canvas forward not yet run), so it can run elsewhere (engine/reconfig.py)."""
+    request_id: str
+    block_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class SetPolicy:
     """Runtime scheduling knobs of a worker, applied at its next iteration."""
     policy: WorkerPolicy
@@ -142,6 +150,15 @@ class StepDelta:
     token_ids: tuple[int, ...]
     num_masked: int                   # masked positions left in the answer after this step
     features: tuple[float, ...] = ()  # SLO policy / traces: confidence summary of what is still masked
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """The answer to Evict: `removed` when the block was still waiting (its pages freed, nothing
+    run); otherwise it runs to its end here as usual."""
+    request_id: str
+    block_index: int
+    removed: bool
 
 
 @dataclass(frozen=True, slots=True)

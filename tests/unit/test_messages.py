@@ -21,7 +21,7 @@ INFO = M.ModelInfo("llada", 262, 320, 261, 256, 1024, 64, 2, 4, 4, 16, 128)
 INVARIANCE = M.RowInvariance(False, (1, 2, 32), ((320, 960),), ("320->960: 2 of 64 rows",), 1, 0.01)
 SAMPLES = [
     M.WorkerSpec(0, "colocated", "cpu", 1, "/m", 1, 0, (1,)), INFO, SUBMIT,
-    M.ContinueBlock("r1", 1, POLICY), M.ContinueBlock("r1", 2, None), M.ReviseBlock("r1", 1, POLICY),
+    M.ContinueBlock("r1", 1, POLICY), M.ContinueBlock("r1", 2, None), M.ReviseBlock("r1", 1, POLICY), M.Evict("r1", 2), M.Evicted("r1", 2, True),
     M.SetPolicy(ServerConfig().worker_policy()), M.HandoffKV("r1", 2),
     M.ReceiveKV(0, ("a", "b"), (0, 1), (20, 24), (True, False), 64), M.InstallKV(SUBMIT), M.Shutdown(), M.Abort("r1"),
     M.StepDelta("r1", 1, 2, (9, 10), (65, 66), 3), M.BlockDone("r1", 1, 4, False, True, POLICY),

@@ -54,6 +54,13 @@ class EngineCollector:
                                      labels=labels)
         restarts = CounterMetricFamily("dllm:worker_restarts", "worker deaths the engine restarted from",
                                        labels=labels)
+        regroups = CounterMetricFamily("dllm:reconfigurations", "live regroups of the instances done", labels=labels)
+        drains = CounterMetricFamily("dllm:drain_seconds", "seconds instances spent draining for regroups, summed",
+                                     labels=labels)
+        evicted = CounterMetricFamily("dllm:blocks_evicted", "blocks taken back from a draining instance before "
+                                      "they started (run elsewhere)", labels=labels)
+        instances = GaugeMetricFamily("dllm:instances", "model instances serving, by tensor-parallel degree",
+                                      labels=labels + ["tp_size"])
         hangs = CounterMetricFamily("dllm:worker_hangs", "workers the watchdog killed: no progress with work in "
                                     "flight for worker_stall_timeout_s", labels=labels)
         overflowed = CounterMetricFamily("dllm:streams_overflowed", "requests ended because their consumer let "
@@ -85,6 +92,15 @@ class EngineCollector:
             stall.add_metric(m, c.kv_handoff_stall_seconds)
             continued.add_metric(m, c.blocks_continued)
             restarts.add_metric(m, c.worker_restarts)
+            regroups.add_metric(m, c.reconfigurations)
+            drains.add_metric(m, c.drain_seconds)
+            evicted.add_metric(m, c.blocks_evicted)
+            by_tp: dict[int, int] = {}
+            for w in s.workers:
+                if w.up:
+                    by_tp[w.tp_size] = by_tp.get(w.tp_size, 0) + 1
+            for d, n in sorted(by_tp.items()):
+                instances.add_metric(m + [str(d)], n)
             hangs.add_metric(m, c.worker_hangs)
             overflowed.add_metric(m, c.streams_overflowed)
             canvas.add_metric(m, c.canvas_positions)
@@ -100,7 +116,8 @@ class EngineCollector:
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
-                    continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed)
+                    continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed,
+                    regroups, drains, evicted, instances)
 
 
 class Metrics:

@@ -21,6 +21,8 @@ from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
 from .inputs import check_prompt_chars, check_request, input_chars, prompt_ids
 from .placement import worker_roles
+from .planning import PlannerState, decide
+from .reconfig import Layout, run_regroup
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
 from ..policy.load_model import WorkerLoadModel
@@ -60,6 +62,9 @@ class AsyncEngine:
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.devices = worker_devices(config.device, config.placement, len(self.roles),   # fails here, clearly
                                       config.tensor_parallel_size)
+        self.device_list = [d for devs in self.devices for d in devs]    # what a regroup divides
+        self.layout = Layout.of_degrees([config.tensor_parallel_size] * len(self.roles))
+        self.heads = head_counts(cfg, config.model or str(self.path))
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
         self.model_info: ModelInfo | None = None
@@ -75,6 +80,9 @@ class AsyncEngine:
         self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
         self._watch_task: asyncio.Task | None = None
         self._death_reasons: dict[int, str] = {}     # why the watchdog killed a worker
+        self._regroup_lock = asyncio.Lock()
+        self._plan_task: asyncio.Task | None = None
+        self.planner = PlannerState()
 
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
@@ -94,6 +102,8 @@ class AsyncEngine:
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
         if self.watchdog.timeout_s:
             self._watch_task = asyncio.ensure_future(self._watch())
+        if self.config.reconfigure:
+            self._plan_task = asyncio.ensure_future(self._plan())
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
@@ -116,8 +126,9 @@ class AsyncEngine:
         and join every worker."""
         self.draining = True
         await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
+        for task in (self._watch_task, self._plan_task):
+            if task is not None:
+                task.cancel()
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
@@ -146,6 +157,39 @@ class AsyncEngine:
     def iteration_trace(self) -> list[tuple[float, LoadReport]]:
         """Every worker iteration reported since start (bounded), with its arrival time."""
         return list(self.scheduler.trace)
+
+    async def reconfigure(self, degrees: list[int], timeout_s: float = 120.0) -> dict:
+        """Regroup the devices into instances of these tensor-parallel degrees while serving
+        (engine/reconfig.py): instances that change drain at block boundaries, no request is lost
+        or sees a different answer. Colocated placement and the mp backend only."""
+        if self.config.placement != "colocated" or self.config.distributed_executor_backend != "mp":
+            raise ValueError("reconfigure: only colocated placement with the mp backend regroups (disaggregated "
+                             "and hybrid hand KV between fixed workers; ray places its bundles at start)")
+        if not degrees or sum(degrees) != len(self.device_list):
+            raise ValueError(f"reconfigure: degrees {degrees} must add up to the {len(self.device_list)} devices")
+        for d in degrees:
+            self.config.replace(tensor_parallel_size=d).check_model_heads(*self.heads)
+        if self._regroup_lock.locked():
+            raise RuntimeError("reconfigure: a regroup is already running")
+        async with self._regroup_lock:
+            result = await run_regroup(self, Layout.of_degrees(sorted(degrees, reverse=True)), timeout_s)
+        log.info("regrouped into %s in %.2f s (drains: %s)", result["layout"], result["regroup_s"], result["drain_s"])
+        return result
+
+    async def _plan(self) -> None:
+        """The reconfiguration planner, every period (engine/planning.py)."""
+        while True:
+            await asyncio.sleep(self.config.reconfigure_period_s)
+            if self.draining or self.dead or self._regroup_lock.locked():
+                continue
+            instances = {w: len(devs) for w, devs in enumerate(self.layout.instances) if devs}
+            try:
+                degrees = decide(self.config, self.policy, self.load, instances, self.heads, len(self.device_list),
+                                 list(self.policy.arrivals), time.monotonic(), self.planner)
+                if degrees is not None:
+                    await self.reconfigure(degrees)
+            except Exception:                 # a planner failure must not take the server down
+                log.exception("reconfiguration planner failed; the layout stays")
 
     def set_policy(self, worker_id: int | None = None, **changes) -> None:
         """Change token_budget / max_active_decodes / credit_share of one worker (or all) while

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..decoding.params import BlockPolicy
-from ..messages import (Abort, BlockDone, ContinueBlock, HandoffDone, InstallKV, KVSent, LoadReport, PrefillDone,
-                        StepDelta, WorkerFailed, WorkerReady)
+from ..messages import (Abort, BlockDone, ContinueBlock, Evict, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
+                        PrefillDone, StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from .output import advance, progress_event
 from .placement import WorkerLoad, keeps_request, pick_by_completion, pick_prefill_worker
@@ -28,6 +28,23 @@ from .stats import Counters
 from .workers import WorkerTable
 
 log = logging.getLogger(__name__)
+
+
+def keeps(sched: "Scheduler", entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
+    """Would the router run the request's next block on `wid`, where its current one runs?"""
+    st = entry.state
+    if st.block_index + 1 >= st.num_blocks:
+        return False
+    loads = loads or sched.workers.loads(minus=entry.charged)   # the others' load, not this block's
+    return keeps_request(loads, sched.config.placement, wid, sched.workers.pages_for(st.prompt_len + st.answer_len),
+                         completion(sched, entry))
+
+
+def completion(sched: "Scheduler", entry: Entry) -> dict[int, float] | None:
+    """Predicted completion of the request's next block per worker (routing = completion)."""
+    if sched.config.routing == "completion" and sched.config.placement == "colocated":
+        return sched.load.completion_estimates(range(len(sched.workers)), entry.state)
+    return None
 
 
 @dataclass(slots=True)
@@ -84,7 +101,7 @@ class Scheduler:
             loads = [dataclasses.replace(w, role="colocated") for w in loads]
             wid = pick_prefill_worker(loads, "colocated", pages, 0)
         else:
-            est = self._completion(entry)
+            est = completion(self, entry)
             wid = pick_by_completion(loads, est, pages) if est else \
                 pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:
@@ -106,30 +123,19 @@ class Scheduler:
 
     def _lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
         """The next block's policy if the router would keep the request on `wid`, else None."""
-        return self._block_policy(entry, entry.state.block_index + 1) if self._keeps(entry, wid, loads) else None
-
-    def _keeps(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
-        st = entry.state
-        if st.block_index + 1 >= st.num_blocks:
-            return False
-        loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
-        return keeps_request(loads, self.config.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
-                             self._completion(entry))
+        return self._block_policy(entry, entry.state.block_index + 1) if keeps(self, entry, wid, loads) else None
 
     def _grant_leases(self) -> None:
         """Leases for the blocks that continued in place this tick, the policy asked once for all."""
-        todo = [(e, w) for e, w, k in self._leases if not e.done and e.worker == w and e.state.block_index == k
-                and self._keeps(e, w)]
+        live = [(e, w) for e, w, k in self._leases if not e.done and e.worker == w and e.state.block_index == k]
         self._leases.clear()
+        for e, w in live:
+            if self.workers[w].planned:      # continued on an instance being drained: ask the block back
+                self.send(w, Evict(e.state.request_id, e.state.block_index))
+        todo = [(e, w) for e, w in live if keeps(self, e, w)]
         for (e, w), then in zip(todo, self.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])):
             self.requests.set_lease(e, then)
             self.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))
-
-    def _completion(self, entry: Entry) -> dict[int, float] | None:
-        """Predicted completion of the request's next block per worker (routing = completion)."""
-        if self.config.routing == "completion" and self.config.placement == "colocated":
-            return self.load.completion_estimates(range(len(self.workers)), entry.state)
-        return None
 
     def _finish(self, entry: Entry, output: GenerationOutput, abort_worker: bool) -> None:
         rid = entry.state.request_id
@@ -196,6 +202,13 @@ class Scheduler:
         st = entry.state
         if isinstance(msg, StepDelta):
             self._on_step(entry, wid, msg)
+        elif isinstance(msg, Evicted):
+            if msg.removed and entry.worker == wid and st.block_index == msg.block_index:
+                self.workers.uncharge(entry)             # taken back before it started: run it elsewhere
+                entry.worker = None
+                self.counters.blocks_evicted += 1
+                self._dispatch(entry, self._block_policy(entry))
+            return
         elif isinstance(msg, PrefillDone):
             self._run(self.handoffs.on_prefill_done(st.request_id, msg))
             return

@@ -24,6 +24,9 @@ class Counters:
     worker_hangs: int = 0                   # workers the watchdog killed (no progress with work in flight)
     streams_overflowed: int = 0             # requests ended because their consumer stopped reading
     canvas_positions: int = 0               # positions fed through the model
+    blocks_evicted: int = 0                 # blocks taken back from a draining instance before they started
+    reconfigurations: int = 0               # regroups done (engine/reconfig.py)
+    drain_seconds: float = 0.0              # summed over the instances drained
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,9 @@ class Watchdog:
         t.owed_since = now if owed else None
 
     def reset(self, wid: int) -> None:
-        """A new process: nothing sent to it yet."""
+        """A new process (or a new slot past the last one): nothing sent to it yet."""
+        while len(self.tracks) <= wid:
+            self.tracks.append(_Track())
         self.tracks[wid] = _Track()
 
     def stuck(self, now: float) -> list[int]:

@@ -77,23 +77,41 @@ class WorkerPool:
     def _start_group(self, ids: list[int]) -> None:
         """Start these workers; the ones that hand KV over share one torch.distributed world,
         whose store lives in worker 0's process (its node's address)."""
-        handles = {wid: [self.launcher.create(wid, r) for r in range(self.tp)] for wid in ids}
+        handles = {wid: [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))] for wid in ids}
         kv = self.launcher.rendezvous(handles[0][0]) if self.uses_process_group else ("127.0.0.1", 0)
         for wid in ids:
             self._start(wid, kv, handles[wid])
 
+    def start_instance(self, wid: int) -> None:
+        """A regroup's new instance in slot `wid`, on the devices the engine set for it in
+        `devices[wid]` (its degree is their number; colocated placement; engine/reconfig.py)."""
+        self._start(wid, ("127.0.0.1", 0), [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))])
+
+    def retire(self, wid: int, timeout_s: float = 30.0) -> None:
+        """Stop one instance for good (a regroup): Shutdown, join, kill what lingers. Blocking;
+        its end is no death (the slot is gone before the watcher reports)."""
+        slot = self.slots.pop(wid)
+        slot.dead = True
+        with contextlib.suppress(OSError, ValueError):
+            slot.channel.send(Shutdown())
+        for p in [slot.process, *slot.followers]:
+            p.join(timeout=timeout_s)
+        self._kill(slot)
+        slot.channel.close()
+
     def _start(self, wid: int, kv: tuple[str, int], handles: list) -> None:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
-        tp_host, tp_port = self.launcher.rendezvous(handles[0]) if self.tp > 1 else ("127.0.0.1", 0)
+        tp = len(handles)
+        tp_host, tp_port = self.launcher.rendezvous(handles[0]) if tp > 1 else ("127.0.0.1", 0)
         starts = self.starts.get(wid, 0)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid][0], self.threads, self.model_path,
                           len(self.roles) if self.uses_process_group else 1, kv[1], peers, starts,
-                          0, self.tp, tp_port, kv[0], tp_host)
+                          0, tp, tp_port, kv[0], tp_host)
         self.starts[wid] = starts + 1
         channel = self.launcher.channel(f"{wid}-{starts}")
         self.launcher.run(handles[0], spec, self.worker_config, channel)
-        for rank in range(1, self.tp):
+        for rank in range(1, tp):
             follower = dataclasses.replace(spec, device=self.devices[wid][rank], tp_rank=rank)
             self.launcher.run(handles[rank], follower, self.worker_config, None)
         slot = _Slot(spec, handles[0], channel, handles[1:])
@@ -123,8 +141,9 @@ class WorkerPool:
             p.kill()
 
     def pids(self, wid: int) -> list[int | None]:
-        """Every rank's process id, the leader first."""
-        return [p.pid for p in [self.slots[wid].process, *self.slots[wid].followers]]
+        """Every rank's process id, the leader first (none for a slot with no instance)."""
+        slot = self.slots.get(wid)
+        return [p.pid for p in [slot.process, *slot.followers]] if slot is not None else []
 
     def send(self, wid: int, msg) -> None:
         self.slots[wid].channel.send(msg)

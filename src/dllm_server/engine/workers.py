@@ -26,10 +26,12 @@ class WorkerInfo:
     row_invariance: RowInvariance | None = None   # its start-up self-check (worker/determinism.py)
     tp_size: int = 1                     # processes (tensor-parallel ranks) of this instance
     rank_rss_mb: tuple[float, ...] = ()  # their resident memory after loading
+    planned: bool = False                # held by a planned regroup (draining, stopping or starting): no routing
+    retired: bool = False                # not part of the current layout (engine/reconfig.py)
 
     @property
     def available(self) -> bool:
-        return self.ready and self.alive
+        return self.ready and self.alive and not self.planned and not self.retired
 
     @property
     def free_pages(self) -> int:
@@ -40,6 +42,7 @@ class WorkerTable:
     def __init__(self, roles: list[str], page_size: int, policy: WorkerPolicy):
         self.workers = [WorkerInfo(i, r, policy, page_size) for i, r in enumerate(roles)]
         self.model: ModelInfo | None = None
+        self.known_pages = 0                 # a pool seen ready (while a regroup leaves none serving)
 
     def __getitem__(self, wid: int) -> WorkerInfo:
         return self.workers[wid]
@@ -57,11 +60,30 @@ class WorkerTable:
 
     @property
     def all_ready(self) -> bool:
-        return all(w.ready for w in self.workers)
+        return all(w.ready for w in self.workers if not w.retired)
 
     @property
     def is_healthy(self) -> bool:
-        return all(w.available for w in self.workers)
+        """Every instance of the layout serves, except those a planned regroup holds (its requests
+        wait for the new layout: not a failure)."""
+        return all(w.available for w in self.workers if not (w.planned or w.retired))
+
+    def retire(self, wid: int) -> None:
+        """A regroup stopped the instance in this slot."""
+        w = self.workers[wid]
+        w.ready = w.alive = w.planned = False
+        w.retired = True
+        w.report, w.reserved_pages, w.outstanding_prefill_tokens, w.num_pages = None, 0, 0, 0
+
+    def starting(self, wid: int) -> None:
+        """A regroup starts a new instance in this slot: out of routing until it is ready."""
+        w = self.workers[wid]
+        w.planned, w.retired, w.ready, w.alive, w.num_pages = True, False, False, True, 0
+
+    def add_slot(self, role: str, policy: WorkerPolicy) -> int:
+        """A new row (retired until an instance starts in it): a regroup into more instances."""
+        self.workers.append(WorkerInfo(len(self.workers), role, policy, self.workers[0].page_size, retired=True))
+        return len(self.workers) - 1
 
     @property
     def has_prefill_role(self) -> bool:
@@ -82,15 +104,19 @@ class WorkerTable:
         return -(-tokens // self.workers[0].page_size)
 
     def min_capacity_pages(self) -> int:
-        """The smallest pool a canvas may have to fit (where its prefills run)."""
+        """The smallest pool a canvas may have to fit (where its prefills run); during a regroup,
+        the pools of the instances known (a starting one reports its own once ready)."""
         roles = {"prefill"} if self.has_prefill_role else {"colocated"}
-        return min(w.num_pages for w in self.workers if w.role in roles)
+        pools = [w.num_pages for w in self.workers if w.role in roles and not w.retired and w.num_pages]
+        return min(pools) if pools else self.known_pages
 
     def on_ready(self, msg: WorkerReady) -> None:
         w = self.workers[msg.worker_id]
         w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
         w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
         w.row_invariance, w.tp_size, w.rank_rss_mb = msg.row_invariance, msg.tp_size, msg.rank_rss_mb
+        w.planned = w.retired = False          # a regroup's new instance serves from now on
+        self.known_pages = msg.num_pages
         self.model = msg.model
 
     def on_report(self, wid: int, msg: LoadReport) -> bool:

@@ -19,6 +19,11 @@ class WorkerLoadModel:
         self.models: dict[int, StepTimeModel] = collections.defaultdict(StepTimeModel)
         self.reports: dict[int, LoadReport] = {}
 
+    def forget(self, worker_id: int) -> None:
+        """The instance in this slot is gone (a regroup): the next one starts a fresh model."""
+        self.models.pop(worker_id, None)
+        self.reports.pop(worker_id, None)
+
     def seed(self, worker_id: int, profile) -> None:
         for d, dk, p, psq, seconds in profile:
             self.models[worker_id].add(features(d, dk, p, psq), seconds)

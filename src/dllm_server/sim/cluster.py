@@ -8,9 +8,16 @@ model's one-way latency; worker turns (worker/turn.py, the same function the wor
 each lasting the cost model's turn time, its messages leaving when it ends; KV completions waking
 both ends. At one instant, deliveries come before turns (a message that has arrived is in the
 inbox the turn drains). The front's own processing takes no simulated time (it has its own core).
+
+Workers may differ: `costs` gives one cost model per worker (a model instance: a tensor-parallel
+instance of degree d is one worker costed at degree d, sim/instances.py) and `pages` its KV pool;
+each worker's WorkerReady carries its own page count, degree and, where the real engine profiles
+at start-up (SLO policy, routing by completion), its own profile, so the front's step-time model
+of each worker starts from that worker's speed.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import statistics
@@ -35,6 +42,7 @@ from ..worker.kv_pool import KVPool
 from ..worker.runner import window_lead
 from ..worker.turn import take_turn
 from .behaviour import SimRequest
+from .instances import startup_profile
 from .stepper import SimStepper
 from .transport import Fabric, SimTransport
 
@@ -53,6 +61,16 @@ class RequestResult:
     first_token_s: float | None = None
     tokens: int = 0
     forwards: int = 0
+    thresholds: tuple = ()            # each block's commit threshold, as run (stats.block_policies)
+    slo_ms: float | None = None       # the request's own SLO, if it gave one
+
+    @property
+    def slo_met(self) -> bool | None:
+        """Finished within its SLO (None without one); a rejected or unfinished request misses it."""
+        if self.slo_ms is None:
+            return None
+        return self.finish_reason in ("stop", "length") and self.latency_s is not None and \
+            self.latency_s <= self.slo_ms / 1e3
 
 
 @dataclass
@@ -74,13 +92,17 @@ class SimResult:
         done = [r for r in self.requests if r.finish_reason in ("stop", "length")]
         q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0] if lat else float("nan")] * 99
         span = self.makespan_s or float("nan")
+        met = [r.slo_met for r in self.requests if r.slo_ms is not None]
+        taus = [t for r in done for t in r.thresholds]
         return {"requests": len(self.requests), "completed": len(done), "unfinished": self.unfinished,
                 "rejected": sum(r.finish_reason == "rejected" for r in self.requests),
                 "errors": sum(r.finish_reason == "error" for r in self.requests),
                 "mean_s": statistics.mean(lat) if lat else float("nan"), "p50_s": statistics.median(lat) if lat
                 else float("nan"), "p90_s": q[89], "p99_s": q[98], "req_s": len(done) / span,
                 "tok_s": sum(r.tokens for r in done) / span, "makespan_s": self.makespan_s,
-                "wall_s": self.wall_s, "events": self.num_events}
+                "wall_s": self.wall_s, "events": self.num_events,
+                "slo_attainment": sum(met) / len(met) if met else None,
+                "mean_threshold": statistics.mean(taus) if taus else None}
 
 
 class _Sink:
@@ -100,6 +122,8 @@ class _Worker:
     wid: int
     core: WorkerCore
     transport: SimTransport | None
+    cost: object
+    min_turn_s: float
     inbox: list = field(default_factory=list)
     num_iterations: int = 0
     busy_until: float = 0.0
@@ -116,38 +140,60 @@ class _Unread(WorkerLoadModel):
 
 
 class Simulator:
+    """`cost`: every worker's cost model, or, with `costs` (one per worker), the one whose message
+    latency and KV link the cluster shares (None: the first worker's). `pages`: each worker's KV
+    pages; by default the config's for all, or with `costs`, each cost's `kv_pool_tokens()` where
+    it has one."""
+
     def __init__(self, config: ServerConfig, cost, behaviour, model: ModelInfo, *, logit_shift: int = 0,
-                 policy=None, record: bool = False):
+                 policy=None, record: bool = False, costs: list | None = None, pages: list[int] | None = None):
+        self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
+        n = len(self.roles)
+        wc = config.worker_config()
+        if costs is not None and len(costs) != n:
+            raise ValueError(f"costs: {len(costs)} cost models for {n} workers")
+        cost = cost if cost is not None else costs[0]
+        if pages is None:
+            pages = [c.kv_pool_tokens() // wc.page_size if hasattr(c, "kv_pool_tokens") else wc.num_pages
+                     for c in costs] if costs is not None else [wc.num_pages] * n
+        if len(pages) != n:
+            raise ValueError(f"pages: {len(pages)} page counts for {n} workers")
+        costs = list(costs) if costs is not None else [cost] * n
         self.config, self.cost, self.behaviour, self.model = config, cost, behaviour, model
+        self.costs, self.pages = costs, list(pages)
         self.record = record
         self.now = 0.0
         self._heap: list = []
         self._order = itertools.count()
         self.latency_s = cost.message_latency_s
-        self.min_turn_s = max(cost.idle_turn_s, 1e-6)    # every turn moves time on
-        self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
-        load = None
         if policy is None:
             policy, load = self._policy(config)
+        else:       # a given SLOPolicy's step-time models are the scheduler's, as in AsyncEngine
+            load = getattr(policy, "load", None)
         if load is None and config.routing != "completion" and not policy.observes:
             load = _Unread(config.block_length)
         self.scheduler = Scheduler(config, self.roles, None, self._send, policy, clock=self.clock, load=load)
         self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
-        wc = config.worker_config()
         handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
         self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
         self.workers: list[_Worker] = []
-        for wid in range(len(self.roles)):
-            lead = window_lead(logit_shift, config.dream_decoding)
-            stepper = SimStepper(wc.cache, lead, behaviour, cost, model.eos_id, self.fill_id)
-            pool = KVPool(0, wc.num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
+        lead = window_lead(logit_shift, config.dream_decoding)
+        ready = []
+        for wid, (c, num_pages) in enumerate(zip(costs, self.pages)):
+            wcw = wc if num_pages == wc.num_pages else dataclasses.replace(wc, num_pages=num_pages)
+            stepper = SimStepper(wc.cache, lead, behaviour, c, model.eos_id, self.fill_id)
+            pool = KVPool(0, num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
             transport = SimTransport(wid, self.fabric) if handoffs else None
-            core = WorkerCore(wc, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs
+            core = WorkerCore(wcw, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs
                               else None, emit=partial(self._emit, wid))
             stepper.core = core
-            self.workers.append(_Worker(wid, core, transport))
-        for w in self.workers:
-            self.scheduler.on_messages(w.wid, [WorkerReady(w.wid, wc.num_pages, wc.page_size, model)])
+            self.workers.append(_Worker(wid, core, transport, c, max(c.idle_turn_s, 1e-6)))  # every turn moves time on
+            # as worker/main.py: a profile only where the config asks for one (worker/build.py startup_profile)
+            profile = startup_profile(c, wc.block_length, wc.cache, lead, model.max_len, num_pages, wc.page_size) \
+                if wc.profile else ()
+            ready.append(WorkerReady(wid, num_pages, wc.page_size, model, profile, tp_size=getattr(c, "tp", 1)))
+        for msg in ready:
+            self.scheduler.on_messages(msg.worker_id, [msg])
         self.results: dict[int, RequestResult] = {}
         self.entries: dict[int, Entry] = {}
         self.num_events = 0
@@ -206,7 +252,8 @@ class Simulator:
                 self._arrive(a, b)
         for seq, entry in self.entries.items():           # never finished (cut short, or stuck)
             self.results[seq] = RequestResult(seq, entry.arrived_at, entry.state.prompt_len,
-                                              entry.state.params.max_tokens, "unfinished")
+                                              entry.state.params.max_tokens, "unfinished",
+                                              slo_ms=entry.state.sampling.slo_ms)
         done = [r.arrival_s + r.latency_s for r in self.results.values() if r.latency_s is not None]
         return SimResult([self.results[i] for i in sorted(self.results)],
                          {w.wid: w.log for w in self.workers} if self.record else {},
@@ -216,7 +263,8 @@ class Simulator:
     def _arrive(self, seq: int, req: SimRequest) -> None:
         cfg = self.config
         if self.scheduler.requests.num_waiting >= cfg.max_waiting_requests:   # AsyncEngine.submit's 503
-            self.results[seq] = RequestResult(seq, self.now, req.prompt_len, req.max_tokens, "rejected")
+            self.results[seq] = RequestResult(seq, self.now, req.prompt_len, req.max_tokens, "rejected",
+                                              slo_ms=req.slo_ms)
             return
         sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold,
                                   slo_ms=req.slo_ms)
@@ -234,7 +282,9 @@ class Simulator:
         first = entry.first_token_at - entry.arrived_at if entry.first_token_at is not None else None
         self.results[seq] = RequestResult(seq, entry.arrived_at, st.prompt_len, st.params.max_tokens,
                                           output.finish_reason, output.stats.latency_s, first, len(output.token_ids),
-                                          output.stats.num_forwards)
+                                          output.stats.num_forwards,
+                                          tuple(p.threshold for p in output.stats.block_policies),
+                                          st.sampling.slo_ms)
         self.behaviour.forget(st.request_id, st.num_blocks)
 
     def _poke(self, w: _Worker) -> None:
@@ -245,11 +295,11 @@ class Simulator:
     def _turn(self, w: _Worker) -> None:
         w.turn_pending = False
         msgs, w.inbox = w.inbox, []
-        core, cost = w.core, self.cost
+        core, cost = w.core, w.cost
         took = [0.0, False]            # the turn's duration, whether it ran an iteration
 
         def turn_s(stepped: bool) -> float:
-            took[0] = max(cost.turn_s(core.last) if stepped else cost.idle_turn_s, self.min_turn_s)
+            took[0] = max(cost.turn_s(core.last) if stepped else cost.idle_turn_s, w.min_turn_s)
             took[1] = stepped
             return took[0]
 

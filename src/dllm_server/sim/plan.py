@@ -1,8 +1,10 @@
 """The capacity planner behind `dllm-server plan`: for a workload, a device profile, a worker count
-and an SLO, simulate candidate configurations (placements, prefill:decode splits, token budgets)
-and rank them by capacity at the SLO: the highest Poisson rate whose simulated latency meets it
+and an SLO, simulate candidate configurations (placements, prefill:decode splits, token budgets,
+and with `--tensor-parallel` colocated layouts of N x TPd instances on the same GPUs) and rank them
+by capacity at the SLO: the highest Poisson rate whose simulated latency meets it
 (loadgen.capacity's search: double, then bisect). Every number is simulated: the cost model's
-assumptions travel with the result (`describe`)."""
+assumptions travel with the result (`describe`); a TP candidate's instances are costed by the same
+model at degree d (sim/gpu_cost.py `tp`), each its own pool."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,9 +65,45 @@ def candidates(num_workers: int, taus=(256, 1024, 4096, None), theta: int = 8192
     return out
 
 
+def tp_candidates(num_workers: int, degrees, heads: int, kv_heads: int, taus=(1024,)) -> tuple[list[Candidate], list[str]]:
+    """Colocated "N x TPd" at each tau for every degree d > 1 that divides the model's heads and KV
+    heads and fits the GPUs (N = num_workers // d; TP1 is the colocated candidates already);
+    returns (candidates, why each degree asked and left out was)."""
+    out, skipped = [], []
+    for d in sorted(set(degrees)):
+        if d <= 1:
+            continue
+        if heads % d or kv_heads % d:
+            skipped.append(f"TP{d}: does not divide the model's {heads} heads and {kv_heads} KV heads")
+            continue
+        n = num_workers // d
+        if n < 1:
+            skipped.append(f"TP{d}: more than the {num_workers} GPUs")
+            continue
+        idle = f", {num_workers - n * d} GPUs idle" if num_workers % d else ""
+        for t in taus:
+            out.append(Candidate(f"{n} x TP{d}, tau={'inf' if t is None else t}{idle}",
+                                 dict(placement="colocated", num_workers=n, tensor_parallel_size=d, token_budget=t)))
+    return out, skipped
+
+
+def instance_cost(setup: Setup, degree: int):
+    """The cost model of one instance of `degree` GPUs: the setup's, at that degree."""
+    if degree == 1:
+        return setup.cost
+    if not hasattr(setup.cost, "tp"):
+        raise ValueError("tensor-parallel candidates need a GPU cost model (--device h100|h200)")
+    return dataclasses.replace(setup.cost, tp=degree)
+
+
 def simulate(setup: Setup, changes: dict, rate: float) -> dict:
     cfg = setup.base.replace(**changes)
-    sim = Simulator(cfg, setup.cost, make_behaviour(setup.behaviour), setup.model_info, logit_shift=setup.logit_shift)
+    degree = cfg.tensor_parallel_size
+    costs = None
+    if degree > 1:       # every instance costed at its degree, its pool from that cost
+        costs = [instance_cost(setup, degree)] * cfg.num_workers
+    sim = Simulator(cfg, setup.cost if costs is None else None, make_behaviour(setup.behaviour), setup.model_info,
+                    logit_shift=setup.logit_shift, costs=costs)
     return sim.run(rescale(setup.requests, rate)).summary()
 
 
@@ -200,6 +238,15 @@ def run_plan(args) -> int:
                         replay=args.replay, seed=args.seed, num_workers=args.workers)
     taus = tuple(None if t in ("inf", "none") else int(t) for t in args.taus.split(","))
     cands = candidates(args.workers, taus, args.theta, splits=args.workers > 1)
+    degrees = [int(d) for d in str(getattr(args, "tensor_parallel", "1") or "1").split(",") if d.strip()]
+    tp, skipped = tp_candidates(args.workers, degrees, setup.model_info.num_heads, setup.model_info.num_kv_heads,
+                                taus)
+    if tp:
+        instance_cost(setup, max(c.changes["tensor_parallel_size"] for c in tp))   # a CPU profile fails here, early
+    cands += tp
+    setup.notes["tensor_parallel"] = {"degrees": degrees, "skipped": skipped,
+                                      "kv_pool_tokens": {d: instance_cost(setup, d).kv_pool_tokens() for d in
+                                                         sorted({c.changes["tensor_parallel_size"] for c in tp})}}
     rows = plan(setup, cands, args.start_rate, args.tolerance, progress=not args.json and not args.no_progress,
                 jobs=args.jobs)
     if args.plot:
@@ -213,6 +260,12 @@ def run_plan(args) -> int:
         print(f"# simulated plan: {args.model} on {args.workers} x {args.device} ({setup.cost.name}), workload "
               f"{args.trace or args.workload} ({args.requests} requests per probe), SLO {args.slo_metric} e2e <= "
               f"{args.slo_s:g} s\n")
+        for why in skipped:
+            print(f"left out: {why}")
+        if tp:
+            print("TP candidates: N x TPd instances on the same GPUs, each one simulated worker whose forward is the "
+                  "roofline at degree d (projections and attention split d ways, two ring all-reduces a layer) and "
+                  "whose KV pool spans its d GPUs (simulated)\n")
         print(table(rows, setup))
         print(f"\ncost model: {json.dumps(dataclasses.asdict(setup.cost.eff) if hasattr(setup.cost, 'eff') else setup.cost.describe(), default=str)}")
     return 0

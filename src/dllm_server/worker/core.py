@@ -24,8 +24,8 @@ from ..config import WorkerConfig
 from ..decoding.canvas import block_bounds, num_blocks
 from ..decoding.params import BlockPolicy, DecodeParams
 from ..decoding.stop import AnswerMarks
-from ..messages import (Abort, BlockDone, ContinueBlock, HandoffKV, InstallKV, LoadReport, PrefillDone, ReceiveKV,
-                        RequestFailed, ReviseBlock, SetPolicy, StepDelta, SubmitBlock)
+from ..messages import (Abort, BlockDone, ContinueBlock, Evict, Evicted, HandoffKV, InstallKV, LoadReport, PrefillDone,
+                        ReceiveKV, RequestFailed, ReviseBlock, SetPolicy, StepDelta, SubmitBlock)
 from .admission import PrefillCandidate, admit, seat_decodes
 from .handoff import Install, WorkerHandoffs
 from .kv_pool import KVPool, PageAlloc
@@ -114,7 +114,7 @@ class WorkerCore:
         self.num_forwards = 0
         self._handlers = {SubmitBlock: self.submit, ContinueBlock: self.continue_block, Abort: self.abort,
                           HandoffKV: self.send_held, ReceiveKV: self.receive_kv, InstallKV: self.install_kv,
-                          SetPolicy: self.set_policy, ReviseBlock: self.revise_block}
+                          SetPolicy: self.set_policy, ReviseBlock: self.revise_block, Evict: self.evict}
 
     def handle(self, msg) -> list:
         """Apply one message from the request side; returns the messages it produces."""
@@ -153,6 +153,15 @@ class WorkerCore:
         if t is not None and t.block_index == msg.block_index:
             t.policy = msg.policy              # its next forwards commit by the new rule
         return []
+
+    def evict(self, msg: Evict) -> list:
+        t = self.tasks.get(msg.request_id)
+        if t is None or t.block_index != msg.block_index or t.phase != WAITING or t.handoff:
+            return [Evicted(msg.request_id, msg.block_index, False)]
+        self.waiting.remove(t.key)
+        del self.tasks[t.request_id]
+        self.pool.free(t.request_id)
+        return [Evicted(msg.request_id, msg.block_index, True)]
 
     def set_policy(self, msg: SetPolicy) -> list:
         self.policy = msg.policy

@@ -1,0 +1,115 @@
+"""Live regrouping (engine/reconfig.py): 2 x TP1 -> 1 x TP2 -> 2 x TP1 on this CPU's 2 "devices"
+while requests keep arriving, in float64: no request fails or is lost, every answer is
+token-identical to the offline API, /health's view (engine.is_healthy) stays true throughout, KV
+pages and running counts return to 0, and the time each drain took is printed. Refusals where a
+regroup cannot work. The planner loop's decision (engine/planning.py) on live step-time models."""
+import asyncio
+import random
+import time
+
+import pytest
+
+from dllm_server import LLM, SamplingParams
+from dllm_server.config import ServerConfig
+from dllm_server.engine.async_engine import AsyncEngine
+from dllm_server.engine.reconfig import Layout, changes
+
+from .conftest import running
+
+
+def stream(n: int, seed: int = 5):
+    rng = random.Random(seed)
+    return [({"prompt_token_ids": [rng.randrange(1, 250) for _ in range(rng.randrange(4, 40))]},
+             SamplingParams(max_tokens=rng.choice([16, 40, 72]), temperature=rng.choice([0.0, 0.7]), seed=i,
+                            ignore_eos=True, threshold=0.99)) for i in range(n)]
+
+
+async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_llada):
+    reqs = stream(60)
+    offline = LLM(tiny_llada, block_length=8, dtype="float64").generate([p for p, _ in reqs], [s for _, s in reqs])
+    config = ServerConfig(model=tiny_llada, block_length=8, dtype="float64", threads_per_worker=1, num_workers=2)
+    async with running(config) as engine:
+        healthy, stop = [], asyncio.Event()
+
+        async def watch():
+            while not stop.is_set():
+                healthy.append(engine.is_healthy)
+                await asyncio.sleep(0.01)
+
+        async def load():                     # a steady stream: a request every 40 ms
+            tasks = []
+            for p, s in reqs:
+                tasks.append(asyncio.ensure_future(engine.run(p, s)))
+                await asyncio.sleep(0.04)
+            return await asyncio.gather(*tasks)
+        watcher, sender = asyncio.ensure_future(watch()), asyncio.ensure_future(load())
+        await asyncio.sleep(0.6)
+        to_tp2 = await engine.reconfigure([2])
+        assert [w.tp_size for w in engine.stats().workers if w.up] == [2]
+        await asyncio.sleep(0.6)
+        back = await engine.reconfigure([1, 1])
+        outs = await sender
+        stop.set()
+        await watcher
+        stats = engine.stats()
+        print(f"2 x TP1 -> 1 x TP2: drains {to_tp2['drain_s']} s, regroup {to_tp2['regroup_s']} s; "
+              f"1 x TP2 -> 2 x TP1: drains {back['drain_s']} s, regroup {back['regroup_s']} s")
+        assert to_tp2["stopped"] == [0, 1] and back["started"] == [0, 1]
+        assert max(to_tp2["drain_s"].values()) > 0 and max(back["drain_s"].values()) > 0   # blocks were in flight
+        assert all(healthy) and len(healthy) > 50
+        assert stats.kv_pages_used == 0 and stats.num_running == 0 and stats.num_waiting == 0
+        assert [w.tp_size for w in stats.workers] == [1, 1] and all(w.up for w in stats.workers)
+        assert stats.counters.reconfigurations == 2
+    assert all(o.finish_reason == "length" for o in outs)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
+
+
+def test_regroup_refusals_and_layout_changes(tiny_llada):
+    with pytest.raises(ValueError, match="reconfigure: needs colocated placement"):
+        ServerConfig(reconfigure=True, threshold_policy="slo", placement="disaggregated")
+    with pytest.raises(ValueError, match="reconfigure: needs"):
+        ServerConfig(reconfigure=True)                                 # the planner plans thresholds
+    assert changes(Layout.of_degrees([1, 1]), Layout.of_degrees([2])) == ({0, 1}, {0: (0, 1)})
+    assert changes(Layout.of_degrees([2]), Layout.of_degrees([1, 1])) == ({0}, {0: (0,), 1: (1,)})
+    assert changes(Layout.of_degrees([2, 1, 1]), Layout.of_degrees([2, 2])) == ({1, 2}, {1: (2, 3)})  # keeps TP2
+    assert changes(Layout.of_degrees([1, 1]), Layout.of_degrees([1, 1])) == (set(), {})
+
+
+async def test_reconfigure_refuses_a_bad_layout_while_serving(tiny_llada):
+    config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1, num_workers=2)
+    async with running(config) as engine:
+        with pytest.raises(ValueError, match="must add up to the 2 devices"):
+            await engine.reconfigure([1])
+        with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide"):
+            await engine.reconfigure([3, -1])
+        out = await engine.run({"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=8))
+        assert out.finish_reason in ("stop", "length")
+
+
+def test_the_planner_keeps_a_steady_load_and_regroups_when_it_pays(tiny_llada):
+    """decide() on live-like inputs: a real SLOPolicy's fields and a WorkerLoadModel fitted to a
+    linear step time; a steady light load never regroups (the current layout is the target, or
+    the gain is below the minimum), and with a tight SLO only TP2 meets, it asks for TP2."""
+    from dllm_server.engine.planning import PlannerState, decide
+    from dllm_server.policy.load_model import WorkerLoadModel
+    from dllm_server.policy.predictor import SimpleEstimator
+    from dllm_server.policy.slo import SLOPolicy
+    from dllm_server.policy.step_time import features
+    config = ServerConfig(model=tiny_llada, threshold_policy="slo", reconfigure=True, block_length=8,
+                          reconfigure_period_s=10.0)
+    load = WorkerLoadModel(8)
+    for w in (0, 1):
+        for n in (1, 2, 4, 8, 16):
+            load.models[w].add(features(8 * n, 100 * n), 0.002 + 0.001 * n)
+            load.models[w].add(features(8 * n, 100 * n, 100, 100 ** 2), 0.004 + 0.001 * n)
+    policy = SLOPolicy(config, SimpleEstimator(), load)
+    policy.new_work = [40.0, 36.0, 30.0, 26.0, 22.0, 20.0]           # forwards per request at each candidate
+    policy.budgets.extend([10.0] * 8)
+    state, now = PlannerState(), 100.0
+    steady = [now - 10 + 0.5 * k for k in range(20)]                # 2 req/s for the last period
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, steady, now, state) is None
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, steady, now + 10, state) is None
+    policy.budgets.clear()
+    policy.budgets.extend([0.06] * 8)                                # 20+ forwards at ~3 ms: only a faster
+    degrees = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, [now + 19.5], now + 20, state)   # instance fits
+    assert degrees == [2], state.last
