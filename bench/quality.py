@@ -7,18 +7,25 @@
   token given everything else (one full bidirectional forward per answer position, that position
   masked; all positions of one answer in one batched forward). Higher is better; a lower threshold
   that commits worse tokens scores lower.
-- `task_accuracy(answers, task)`: for a GSM8K-style task file (JSONL of {"question", "answer"}),
-  the share whose last number equals the reference's (what a GPU run with a real checkpoint uses).
+- `task_scores(pairs)`: accuracy of (task item, answer) pairs, each request scored against its own
+  reference (a failed request, answer None, counts as wrong and is counted apart), overall and per
+  task. A demo-task item (one with a "task" key: `load_task("demo")`, the shipped evaluation set)
+  is scored by exact match (dllm_server.demo_tasks.is_correct); a GSM8K-style item ({"question",
+  "answer"}) by its last number (what a GPU run with a real checkpoint uses).
 """
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
+from dllm_server.demo_tasks import is_correct, load_eval
 from dllm_server.model.attention import DenseBatch
+
+DEMO = "demo"            # `--task demo`: the shipped evaluation set (assets/eval/demo_tasks.jsonl)
 
 
 def agreement(answer: list[int], reference: list[int]) -> float:
@@ -58,9 +65,43 @@ def last_number(text: str) -> str | None:
 
 
 def load_task(path: str | Path) -> list[dict]:
+    if str(path) == DEMO:
+        return [item.to_json() for item in load_eval()]
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def task_accuracy(answers: list[str], task: list[dict]) -> float:
-    refs = [last_number(t["answer"]) for t in task]
-    return sum(1 for a, r in zip(answers, refs) if r is not None and last_number(a) == r) / max(1, len(task))
+def interleave(task: list[dict]) -> list[dict]:
+    """A demo-task file's items round-robin over its tasks (the file is grouped by task, so a run
+    shorter than the file still sees every task); a GSM8K-style file keeps its order."""
+    if not task or "task" not in task[0]:
+        return list(task)
+    groups: dict[str, list[dict]] = {}
+    for item in task:
+        groups.setdefault(item["task"], []).append(item)
+    return [g[i] for i in range(max(map(len, groups.values()))) for g in groups.values() if i < len(g)]
+
+
+def score(answer: str, item: dict) -> bool:
+    if "task" in item:
+        return is_correct(answer, item["answer"])
+    ref = last_number(item["answer"])
+    return ref is not None and last_number(answer) == ref
+
+
+def task_scores(pairs: Iterable[tuple[dict, str | None]]) -> dict:
+    """[(item, answer text or None where the request failed)] -> accuracy over every request
+    (failures wrong), the failure count, and the same per task (the item's "task", else "all")."""
+    counts: dict[str, list[int]] = {}          # task -> [correct, failed, requests]
+    for item, answer in pairs:
+        c = counts.setdefault(item.get("task", "all"), [0, 0, 0])
+        c[2] += 1
+        if answer is None:
+            c[1] += 1
+        elif score(answer, item):
+            c[0] += 1
+
+    def entry(correct: int, failed: int, n: int) -> dict:
+        return {"accuracy": correct / n if n else None, "correct": correct, "failed": failed, "requests": n}
+
+    total = [sum(c[i] for c in counts.values()) for i in range(3)]
+    return {**entry(*total), "per_task": {t: entry(*c) for t, c in counts.items()}}

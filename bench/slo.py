@@ -8,11 +8,15 @@ fixed threshold 0.9, fixed 0.7, the slo policy without load control, the slo pol
    arrivals and send loop): SLO attainment, mean / p99 latency, mean threshold the blocks ran with.
 4. Quality of every answer, offline with the same model: token agreement with the same request
    decoded at threshold 0.99 (greedy), and the model's pseudo log-likelihood of the answer
-   (bench/quality.py); or accuracy on a GSM8K-style `--task` file.
+   (bench/quality.py); with `--task` (a GSM8K-style file, or `demo`: the shipped demo-task set,
+   `--task-share` of the requests, the rest the chat prompts) accuracy too, overall and per task,
+   every task request scored against its own reference (it travels with the request spec) and a
+   failed one counted wrong and apart; and forwards per answer (the server's own counters).
 5. The policy's cost on the front loop: scheduler seconds per tick with 64 requests in flight,
    fixed vs slo (the server's own dllm:scheduler_tick_seconds / dllm:scheduler_ticks).
 
     python bench/slo.py [--model DIR] [--requests 40] [--rates 0.5,0.75,1,1.5,2] [--plot docs/img/slo.png]
+    python bench/slo.py --model DIR --task demo --task-share 0.8
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from loadgen.capacity import find_capacity
 from loadgen.run import RunConfig, benchmark
 from loadgen.tokens import load_counter
 from loadgen.workload import RequestSpec
-from quality import agreement, load_task, pseudo_log_likelihood, task_accuracy
+from quality import agreement, interleave, load_task, pseudo_log_likelihood, task_scores
 
 PROMPTS = ["Good morrow, my lord. What news?", "Tell me a story.", "Who art thou?", "What is love?",
            "My lord, the horses are ready.", "Why dost thou frown so?", "What did the messenger say?",
@@ -52,8 +56,21 @@ def workload(n: int, max_tokens: int, seed: int) -> list[RequestSpec]:
     return [RequestSpec(PROMPTS[int(rng.integers(len(PROMPTS)))], 12, max_tokens) for _ in range(n)]
 
 
-def task_workload(task: list[dict], n: int, max_tokens: int) -> list[RequestSpec]:
-    return [RequestSpec(task[i % len(task)]["question"], 64, max_tokens) for i in range(n)]
+def task_workload(task: list[dict], n: int, max_tokens: int, share: float = 1.0, seed: int = 0) -> list[RequestSpec]:
+    """`n` requests, round(share * n) of them the task's items (quality.interleave's order, cycling)
+    at seeded positions, the rest chat prompts as `workload` draws them. A task request carries
+    its item (meta["item"]): it is scored against its own reference whatever else fails."""
+    items, k = interleave(task), round(share * n)
+    on_task = set(range(n)) if k >= n else set(np.random.default_rng(seed).choice(n, k, replace=False).tolist())
+    chat = iter(workload(n - len(on_task), max_tokens, seed))
+    specs, j = [], 0
+    for i in range(n):
+        if i in on_task:
+            item, j = items[j % len(items)], j + 1
+            specs.append(RequestSpec(item["question"], 64, max_tokens, meta={"item": item}))
+        else:
+            specs.append(next(chat))
+    return specs
 
 
 async def run_at(url: str, specs, rate: float, slo_ms: float, seed: int) -> dict:
@@ -78,31 +95,43 @@ async def tick_cost(url: str, prompt: str, n: int = 64) -> float:
     return (s1 - s0) / max(1.0, t1 - t0)
 
 
-def quality(llm, results: list[dict], specs, refs: dict[str, list[int]], task) -> dict:
+def forwards_per_answer(result: dict) -> float | None:
+    """Forwards per finished request over the run, from the server's counters (before/after)."""
+    d = result.get("server_metrics", {}).get("deltas", {})
+    steps = sum(v for k, v in d.items() if k.split("{")[0] == "dllm:denoising_steps_total")
+    done = sum(v for k, v in d.items() if k.split("{")[0] == "dllm:request_success_total")
+    return steps / done if done else None
+
+
+def quality(llm, result: dict, specs, refs: dict[str, list[int]]) -> dict:
+    """One run's answers (loadgen's per-request arrays, in spec order) next to their specs."""
     tok = llm.tokenizer
-    agree, pll, texts = [], [], []
-    for r in results:
-        for spec, text, ok in zip(specs, r["requests"]["texts"], r["requests"]["ok"]):
-            if not ok:
-                continue
-            ids = tok.hf.encode(text, add_special_tokens=False)
-            agree.append(agreement(ids, refs[spec.prompt]))
-            prompt_ids = tok.apply_chat_template([{"role": "user", "content": spec.prompt}])
-            pll.append(pseudo_log_likelihood(llm, prompt_ids, ids))
-            texts.append(text)
-    out = {"agreement": statistics.mean(agree) if agree else None, "pll": statistics.mean(pll) if pll else None}
-    if task is not None:
-        out["accuracy"] = task_accuracy(texts, task)
+    agree, pll, pairs = [], [], []
+    for spec, text, ok in zip(specs, result["requests"]["texts"], result["requests"]["ok"], strict=True):
+        if "item" in spec.meta:
+            pairs.append((spec.meta["item"], text if ok else None))
+        if not ok:
+            continue
+        ids = tok.hf.encode(text, add_special_tokens=False)
+        agree.append(agreement(ids, refs[spec.prompt]))
+        prompt_ids = tok.apply_chat_template([{"role": "user", "content": spec.prompt}])
+        pll.append(pseudo_log_likelihood(llm, prompt_ids, ids))
+    out = {"agreement": statistics.mean(agree) if agree else None, "pll": statistics.mean(pll) if pll else None,
+           "forwards_per_answer": forwards_per_answer(result)}
+    if pairs:
+        out["task"] = task_scores(pairs)
     return out
 
 
 async def main_async(a) -> dict:
     model = a.model or str(embedded_model_path())
     task = load_task(a.task) if a.task else None
-    specs = task_workload(task, a.requests, a.max_tokens) if task else workload(a.requests, a.max_tokens, a.seed)
+    specs = (task_workload(task, a.requests, a.max_tokens, a.task_share, a.seed) if task
+             else workload(a.requests, a.max_tokens, a.seed))
     common = ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096"]
     logs = Path(tempfile.mkdtemp(prefix="bench-slo-"))
-    report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens, "configs": {}}
+    report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens,
+                    "task": a.task, "task_share": a.task_share if task else None, "configs": {}}
     # 1-2: the SLO and the capacity of fixed 0.9
     base = serve(model, *common, *CONFIGS[0][1], log_path=logs / "base.log")
     try:
@@ -151,26 +180,45 @@ async def main_async(a) -> dict:
         refs[p] = llm.tokenizer.hf.encode(out.text, add_special_tokens=False)
     for name, c in report["configs"].items():
         for run in c["runs"]:
-            run["quality"] = quality(llm, [run["result"]], specs, refs, task)
+            run["quality"] = quality(llm, run["result"], specs, refs)
     return report
+
+
+def _opt(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
 
 
 def print_tables(rep: dict) -> None:
     print(f"\nmodel {rep['model']}; {rep['requests_per_rate']} requests per rate, max_tokens {rep['max_tokens']}, "
           f"greedy; SLO {rep['slo_ms']:.0f} ms (unloaded fixed-0.9 latency {rep['unloaded_ms']:.0f} ms); capacity of "
-          f"fixed 0.9 = {rep['capacity_fixed_0.9']:.2f} req/s\n")
-    cols = "| config | load | rate (req/s) | SLO attainment | mean latency (ms) | p99 (ms) | mean threshold | " \
-           "agreement with 0.99 | pseudo log-lik |"
-    print(cols + ("" if "accuracy" not in next(iter(rep["configs"].values()))["runs"][0]["quality"] else " accuracy |"))
-    print("|---" * (cols.count("|") - 1) + "|")
+          f"fixed 0.9 = {rep['capacity_fixed_0.9']:.2f} req/s")
+    if rep.get("task"):
+        print(f"task {rep['task']}: {100 * rep['task_share']:.0f} % of the requests, the rest chat prompts; accuracy "
+              "over every task request (a failed one counts wrong), each against its own reference")
+    has_task = any("task" in r["quality"] for c in rep["configs"].values() for r in c["runs"])
+    cols = ("| config | load | rate (req/s) | SLO attainment | mean latency (ms) | p99 (ms) | mean threshold | "
+            "agreement with 0.99 | pseudo log-lik | forwards per answer |")
+    cols += " accuracy | failed |" if has_task else ""
+    print("\n" + cols + "\n" + "|---" * (cols.count("|") - 1) + "|")
     for name, c in rep["configs"].items():
         for run in c["runs"]:
             s, q = run["result"]["summary"], run["quality"]
-            mt = s["slo"]["mean_threshold"]
             row = (f"| {name} | {run['multiple']:g}x | {run['rate']:.2f} | {100 * s['slo']['attainment']:.0f} % | "
-                   f"{s['e2el_ms']['mean']:.0f} | {s['e2el_ms']['p99']:.0f} | {'-' if mt is None else f'{mt:.3f}'} | "
-                   f"{q['agreement']:.3f} | {q['pll']:.3f} |")
-            print(row + (f" {q['accuracy']:.3f} |" if "accuracy" in q else ""))
+                   f"{s['e2el_ms']['mean']:.0f} | {s['e2el_ms']['p99']:.0f} | "
+                   f"{_opt(s['slo']['mean_threshold'], '.3f')} | {_opt(q['agreement'], '.3f')} | "
+                   f"{_opt(q['pll'], '.3f')} | {_opt(q['forwards_per_answer'], '.1f')} |")
+            t = q.get("task")
+            print(row + (f" {_opt(t['accuracy'], '.3f')} | {t['failed']}/{t['requests']} |" if t else ""))
+    if has_task:
+        tasks = list(dict.fromkeys(t for c in rep["configs"].values() for r in c["runs"]
+                                   for t in r["quality"].get("task", {}).get("per_task", {})))
+        print("\nper-task accuracy (requests):\n\n| config | load | " + " | ".join(tasks) + " |\n" +
+              "|---" * (len(tasks) + 2) + "|")
+        for name, c in rep["configs"].items():
+            for run in c["runs"]:
+                per = run["quality"].get("task", {}).get("per_task", {})
+                cells = [f"{per[t]['accuracy']:.2f} ({per[t]['requests']})" if t in per else "-" for t in tasks]
+                print(f"| {name} | {run['multiple']:g}x | " + " | ".join(cells) + " |")
     ticks = {n: c["tick_s"] for n, c in rep["configs"].items() if c["tick_s"] is not None}
     print("\nfront-loop time per scheduler tick, 64 requests in flight: " +
           ", ".join(f"{n} {1e6 * t:.0f} us" for n, t in ticks.items()))
@@ -202,7 +250,10 @@ def plot(rep: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
-    ap.add_argument("--task", help="GSM8K-style JSONL ({'question', 'answer'}): report accuracy too")
+    ap.add_argument("--task", help="GSM8K-style JSONL ({'question', 'answer'}), or 'demo' (the shipped demo-task "
+                    "set): report accuracy too, overall and per task")
+    ap.add_argument("--task-share", type=float, default=1.0,
+                    help="share of the requests from --task, the rest the chat prompts (default: all)")
     ap.add_argument("--requests", type=int, default=40, help="requests per rate and configuration")
     ap.add_argument("--probe-requests", type=int, default=24, help="requests per capacity-search probe")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -216,6 +267,8 @@ def main() -> None:
     ap.add_argument("--json", default="docs/results/slo.json")
     ap.add_argument("--plot", default="docs/img/slo.png")
     a = ap.parse_args()
+    if not 0 < a.task_share <= 1:
+        ap.error("--task-share: must be in (0, 1]")
     rep = asyncio.run(main_async(a))
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     for c in rep["configs"].values():              # keep the JSON small: summaries only

@@ -4,7 +4,12 @@ token agreement and the model's own pseudo log-likelihood of the answer), with t
 answer took. The price list behind bench/slo.py's "mean threshold" column, for models whose answers
 do change with the threshold.
 
+With `--task` (bench/slo.py's: a GSM8K-style file, or `demo` for the shipped demo-task set) the
+task's questions instead, scored as bench/slo.py scores them (quality.task_scores): accuracy and
+forwards per answer per threshold (default 0.99, 0.95, 0.9, 0.7, 0.5, 0.3), overall and per task.
+
     python bench/threshold_quality.py --model DIR [--model DIR2 ...] [--thresholds 0.95,0.9,0.8,0.7,0.6,0.5]
+    python bench/threshold_quality.py --model DIR --task demo [--limit 5]
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.checkpoint import embedded_model_path
-from quality import agreement, pseudo_log_likelihood
+from quality import agreement, load_task, pseudo_log_likelihood, task_scores
 from slo import PROMPTS
 
 
@@ -41,29 +46,83 @@ def measure(model: str, thresholds: list[float], max_tokens: int) -> list[dict]:
     return rows
 
 
+TASK_THRESHOLDS = [0.99, 0.95, 0.9, 0.7, 0.5, 0.3]
+
+
+def first(task: list[dict], limit: int | None) -> list[dict]:
+    """The first `limit` items of each task (of the file, for a GSM8K-style one)."""
+    if limit is None:
+        return list(task)
+    seen: dict[str, int] = {}
+    out = []
+    for item in task:
+        k = item.get("task", "all")
+        seen[k] = seen.get(k, 0) + 1
+        if seen[k] <= limit:
+            out.append(item)
+    return out
+
+
+def measure_task(model: str, items: list[dict], thresholds: list[float], max_tokens: int) -> list[dict]:
+    llm = LLM(model)
+    chats = [[{"role": "user", "content": it["question"]}] for it in items]
+    rows = []
+    for tau in thresholds:
+        outs = llm.chat(chats, SamplingParams(max_tokens=max_tokens, threshold=tau, temperature=0.0))
+        scores = task_scores(zip(items, (o.text for o in outs)))
+        forwards: dict[str, list[int]] = {}
+        for it, o in zip(items, outs):
+            forwards.setdefault(it.get("task", "all"), []).append(o.stats.num_forwards)
+        for t, entry in scores["per_task"].items():
+            entry["forwards"] = statistics.mean(forwards[t])
+        rows.append({"threshold": tau, "accuracy": scores["accuracy"], "requests": scores["requests"],
+                     "forwards": statistics.mean(o.stats.num_forwards for o in outs), "per_task": scores["per_task"]})
+    return rows
+
+
+def print_task_table(report: dict, task: str, max_tokens: int) -> None:
+    rows = next(iter(report.values()))
+    tasks = list(rows[0]["per_task"])
+    print(f"{rows[0]['requests']} questions of {task}, greedy, offline, no load, max_tokens {max_tokens}; "
+          "per task: accuracy / forwards per answer\n")
+    print("| model | threshold | accuracy | forwards per answer | " + " | ".join(tasks) + " |")
+    print("|---" * (len(tasks) + 4) + "|")
+    for model, rows in report.items():
+        for r in rows:
+            cells = [f"{r['per_task'][t]['accuracy']:.2f} / {r['per_task'][t]['forwards']:.1f}" for t in tasks]
+            print(f"| {Path(model).name} | {r['threshold']:g} | {r['accuracy']:.3f} | {r['forwards']:.1f} | "
+                  + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", help="checkpoint folder (repeatable); default: the demo model")
-    ap.add_argument("--thresholds", type=lambda t: [float(x) for x in t.split(",")],
-                    default=[0.95, 0.9, 0.8, 0.7, 0.6, 0.5])
+    ap.add_argument("--thresholds", type=lambda t: [float(x) for x in t.split(",")], default=None,
+                    help="besides the reference 0.99 (default 0.95,0.9,0.8,0.7,0.6,0.5); with --task: the "
+                         f"thresholds to price (default {','.join(map(str, TASK_THRESHOLDS))})")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--task", help="GSM8K-style JSONL or 'demo' (the shipped demo-task set): accuracy instead")
+    ap.add_argument("--limit", type=int, default=None, help="with --task: the first N questions of each task")
     ap.add_argument("--json")
     a = ap.parse_args()
-    report = {}
-    for model in a.model or [str(embedded_model_path())]:
-        report[model] = measure(model, a.thresholds, a.max_tokens)
-    print(f"{len(PROMPTS)} prompts of bench/slo.py, greedy, max_tokens {a.max_tokens}; reference: threshold 0.99\n")
-    print("| model | threshold | agreement with 0.99 | pseudo log-lik | forwards per answer | distinct answers "
-          "| median words |")
-    print("|---|---|---|---|---|---|---|")
-    for model, rows in report.items():
-        for r in rows:
-            print(f"| {Path(model).name} | {r['threshold']:g} | {r['agreement']:.3f} | {r['pll']:.3f} | "
-                  f"{r['forwards']:.1f} | {r['distinct']} | {r['words']:g} |")
+    models = a.model or [str(embedded_model_path())]
+    if a.task:
+        items = first(load_task(a.task), a.limit)
+        report = {m: measure_task(m, items, a.thresholds or TASK_THRESHOLDS, a.max_tokens) for m in models}
+        print_task_table(report, a.task, a.max_tokens)
+    else:
+        report = {m: measure(m, a.thresholds or [0.95, 0.9, 0.8, 0.7, 0.6, 0.5], a.max_tokens) for m in models}
+        print(f"{len(PROMPTS)} prompts of bench/slo.py, greedy, max_tokens {a.max_tokens}; reference: threshold 0.99\n")
+        print("| model | threshold | agreement with 0.99 | pseudo log-lik | forwards per answer | distinct answers "
+              "| median words |")
+        print("|---|---|---|---|---|---|---|")
+        for model, rows in report.items():
+            for r in rows:
+                print(f"| {Path(model).name} | {r['threshold']:g} | {r['agreement']:.3f} | {r['pll']:.3f} | "
+                      f"{r['forwards']:.1f} | {r['distinct']} | {r['words']:g} |")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=1))
-
 
 if __name__ == "__main__":
     main()
