@@ -52,6 +52,14 @@ class ServerConfig:
                                 "zero-padded), so a row's result never depends on what it is batched with, on "
                                 "kernels where it otherwise does (each worker checks at start: /version, "
                                 "dllm:batch_invariant; docs/decoding.md). 0: one matmul per projection")
+    block_causal_finalise: str = _f("fused", "block-causal families (SDAR): fused writes a finished block's KV in "
+                                    "the next block's first forward (exact, a forward a block saved); separate "
+                                    "runs a forward of its own for it first (the unfused reference); recompute "
+                                    "feeds the whole prefix again at every block (the no-cache reference)",
+                                    choices=("fused", "separate", "recompute"))
+    enable_prefix_caching: bool = _f(True, "block-causal families (SDAR): share committed prompt KV across "
+                                     "requests with the same prefix (exact; LLaDA / Dream never: their prompt KV "
+                                     "depends on the answer). Off under block_causal_finalise recompute (it rewrites the prefix)")
     # --- scheduling (per worker) ---
     token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
                                   "none = unlimited (prefill priority)")
@@ -279,7 +287,9 @@ class ServerConfig:
                             dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward,
                             cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
                             malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
-                            fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size)
+                            fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size,
+                            block_causal_finalise=self.block_causal_finalise,
+                            prefix_caching=self.enable_prefix_caching and self.block_causal_finalise != "recompute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +331,8 @@ class WorkerConfig:
     malloc_hold_mb: int = 0            # ServerConfig.cpu_malloc_hold_mb; 0: glibc's defaults
     fixed_matmul_rows: int = 0         # ServerConfig.fixed_matmul_rows; 0: off
     tensor_parallel_size: int = 1      # ranks of this worker's instance (worker/tp.py)
+    block_causal_finalise: str = "fused"   # ServerConfig.block_causal_finalise
+    prefix_caching: bool = False       # ServerConfig.enable_prefix_caching (block-causal models only)
 
 
 def tp_degree_error(size: int, num_heads: int, num_kv_heads: int) -> str | None:

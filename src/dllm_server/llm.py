@@ -72,7 +72,7 @@ class LLM:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         for (text, ids), params in zip(pairs, params_list):   # validate everything before running
             seq = next(self._arrivals)
-            resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
+            resolved = params.resolve(self.config, request_seed(self.config.seed, seq), self.model_info.block_size)
             check_request(ids, params, resolved, self.model_info)
             rid = f"offline-{seq}"
             states[rid] = RequestState(rid, text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,

@@ -50,6 +50,7 @@ class ModelInfo:
     num_kv_heads: int
     head_dim: int
     mlp_hidden: int
+    block_size: int = 0           # > 0: a block-causal family, decoded on its own blocks of this size
 
 
 # ---- request side -> worker ----
@@ -218,7 +219,7 @@ class LoadReport:
     worker_id: int
     outstanding_prefill_tokens: int
     num_active_decodes: int
-    free_pages: int
+    free_pages: int                   # free, or cached and unreferenced (reclaimed on demand)
     deficit_tokens: int
     iteration_tokens: int             # tokens the last iteration fed (prefill + decode)
     num_iterations: int
@@ -231,6 +232,8 @@ class LoadReport:
     prefill_sq: int = 0               # sum of its prefills' squared canvas lengths (attention cost)
     busy: bool = False                # work left after this turn: another report follows (the watchdog)
     messages_handled: int = 0         # inbox messages handled since the worker started (the watchdog)
+    prefix_cache: tuple[int, int, int, int] | None = None   # block-causal prefix cache since start: hit
+    #                                   tokens, looked-up tokens, pages cached now, pages evicted
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,14 @@ class EngineCollector:
         invariant = GaugeMetricFamily("dllm:batch_invariant", "1 when the worker's start-up self-check found its "
                                       "projections batch-invariant (results bitwise independent of batching and "
                                       "placement), 0 when not", labels=labels + ["worker"])
+        pc_hits = CounterMetricFamily("dllm:prefix_cache_hits", "prompt tokens whose KV came from the prefix cache "
+                                      "(block-causal models; since the worker started)", labels=labels + ["worker"])
+        pc_queries = CounterMetricFamily("dllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                         labels=labels + ["worker"])
+        pc_pages = GaugeMetricFamily("dllm:prefix_cache_pages", "KV pages the prefix cache holds (referenced or "
+                                     "not)", labels=labels + ["worker"])
+        pc_evicted = CounterMetricFamily("dllm:prefix_cache_evicted_pages", "cached pages reclaimed under memory "
+                                         "pressure", labels=labels + ["worker"])
         xfer_b = CounterMetricFamily("dllm:kv_transfer_bytes", "KV bytes sent between workers", labels=labels)
         xfer_s = CounterMetricFamily("dllm:kv_transfer_seconds", "seconds spent sending KV", labels=labels)
         handoffs = CounterMetricFamily("dllm:kv_handoffs", "blocks moved to a decode worker", labels=labels)
@@ -85,6 +93,12 @@ class EngineCollector:
                 pages.add_metric(wl, w.num_pages)
                 if w.row_invariance is not None:
                     invariant.add_metric(wl, 1.0 if w.row_invariance.holds else 0.0)
+                if w.prefix_cache is not None:
+                    hits, queries, cached, evicted_pages = w.prefix_cache
+                    pc_hits.add_metric(wl, hits)
+                    pc_queries.add_metric(wl, queries)
+                    pc_pages.add_metric(wl, cached)
+                    pc_evicted.add_metric(wl, evicted_pages)
             c = s.counters
             xfer_b.add_metric(m, c.kv_transfer_bytes)
             xfer_s.add_metric(m, c.kv_transfer_seconds)
@@ -117,7 +131,7 @@ class EngineCollector:
                     step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
                     continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed,
-                    regroups, drains, evicted, instances)
+                    regroups, drains, evicted, instances, pc_hits, pc_queries, pc_pages, pc_evicted)
 
 
 class Metrics:

@@ -56,6 +56,7 @@ class Playground:
     async def info(self, request: Request) -> Response:
         cfg, eng = self.engine.config, self.engine
         sampling = SamplingParams(**eng.sampling_defaults)       # the generation config's, if any
+        model_block = eng.model_info.block_size if eng.is_ready else 0   # block-causal: the model's own
         return JSONResponse({
             "model": self.model_name,
             "ready": eng.is_ready,
@@ -68,6 +69,6 @@ class Playground:
             "defaults": {"chat_max_tokens": eng.sampling_defaults.get("max_tokens", cfg.default_chat_max_tokens),
                          "completion_max_tokens": eng.sampling_defaults.get("max_tokens",
                                                                             cfg.default_completion_max_tokens),
-                         "block_length": cfg.block_length, "threshold": cfg.threshold,
+                         "block_length": model_block or cfg.block_length, "threshold": cfg.threshold,
                          "temperature": sampling.temperature},
         }, headers={"Cache-Control": "no-store"})

@@ -226,6 +226,7 @@ class Routes:
                                                              "num_committed": len(d.positions),
                                                              "masked": d.num_masked, "canvas": ev.canvas,
                                                              "block_length": e.block_length,
+                                                             "block_offset": e.block_offset,
                                                              "answer_len": e.answer_len}})
                 stable = len(ev.text or "") - max(0, hold)     # a stop string may still cut the rest
                 if stable > sent[i]:
@@ -281,9 +282,11 @@ class Routes:
     async def _run_probe(self) -> bool:
         """A real one-step request through a worker (a wedged worker fails it)."""
         from ..decoding.params import SamplingParams
-        token = 1 if self.engine.model_info.mask_id != 1 else 2
+        info = self.engine.model_info
+        token = 1 if info.mask_id != 1 else 2
+        block = None if info.block_size else 1         # a block-causal model decodes in its own blocks only
         try:
-            state = self.engine.prepare({"prompt_token_ids": [token]}, SamplingParams(max_tokens=1, block_length=1),
+            state = self.engine.prepare({"prompt_token_ids": [token]}, SamplingParams(max_tokens=1, block_length=block),
                                         request_id=f"health-{uuid.uuid4().hex[:8]}")
             out = await asyncio.wait_for(self.engine.run_state(state), timeout=20)
             return out.finish_reason in ("stop", "length")

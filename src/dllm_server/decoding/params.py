@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import REMASKING, ServerConfig
+from .canvas import answer_len, block_bounds, num_blocks
 
 MAX_SEED = 2**63 - 1
 
@@ -99,12 +100,21 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
 
-    def resolve(self, config: ServerConfig, default_seed: int) -> "DecodeParams":
+    def resolve(self, config: ServerConfig, default_seed: int, model_block: int = 0) -> "DecodeParams":
         """The request-wide decoding fields: server defaults filled in, a seed fixed so results
-        never depend on batching. (Commit rules are resolved per block: BlockPolicy.)"""
-        return DecodeParams(self.max_tokens, config.block_length if self.block_length is None else self.block_length,
-                            self.temperature, self.top_p, self.remasking, default_seed if self.seed is None else self.seed,
-                            self.ignore_eos, max(0, self.top_k), float(self.min_p))
+        never depend on batching. (Commit rules are resolved per block: BlockPolicy.) A
+        block-causal model (`model_block` > 0, its trained block size) decodes on its own blocks:
+        a block_length other than that is refused, the server default does not apply."""
+        if model_block:
+            if self.block_length is not None and self.block_length != model_block:
+                raise ValueError(f"block_length: this model decodes in its own blocks of {model_block} "
+                                 f"(block-causal attention), got {self.block_length}")
+            block = model_block
+        else:
+            block = config.block_length if self.block_length is None else self.block_length
+        return DecodeParams(self.max_tokens, block, self.temperature, self.top_p, self.remasking,
+                            default_seed if self.seed is None else self.seed, self.ignore_eos, max(0, self.top_k),
+                            float(self.min_p), block_causal=bool(model_block))
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +129,20 @@ class DecodeParams:
     ignore_eos: bool
     top_k: int = 0                  # 0: off
     min_p: float = 0.0              # 0: off
+    block_causal: bool = False      # the model's family: blocks on the absolute grid, KV exact (SDAR)
 
     @property
     def needs_rng(self) -> bool:
         return self.temperature > 0 or self.remasking == "random"
+
+    def answer_len(self, prompt_len: int) -> int:
+        return answer_len(self.max_tokens, self.block_length, prompt_len, self.block_causal)
+
+    def num_blocks(self, prompt_len: int) -> int:
+        return num_blocks(self.max_tokens, self.block_length, prompt_len, self.block_causal)
+
+    def block_bounds(self, prompt_len: int, block_index: int) -> tuple[int, int]:
+        return block_bounds(prompt_len, block_index, self.block_length, self.block_causal)
 
 
 @dataclass(frozen=True, slots=True)

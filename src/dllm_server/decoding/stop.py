@@ -82,7 +82,8 @@ class AnswerMarks:
 
     def any_masked(self, start: int, end: int) -> bool:
         """Is a position of canvas[start:end] (in the answer) still masked?"""
-        a, b = start - self.prompt_len, min(end - self.prompt_len, len(self.answer))
+        # a block-causal family's first block starts inside the prompt: only its answer part counts
+        a, b = max(0, start - self.prompt_len), min(end - self.prompt_len, len(self.answer))
         if self.first_mask >= b:
             return False
         if self.first_mask >= a:

@@ -273,7 +273,7 @@ class AsyncEngine:
                request_id: str | None) -> RequestState:
         params = params or SamplingParams(**self.sampling_defaults)      # the generation config's, as LLM
         seq = next(self._arrivals)
-        resolved = params.resolve(self.config, request_seed(self.config.seed, seq))
+        resolved = params.resolve(self.config, request_seed(self.config.seed, seq), self.model_info.block_size)
         check_request(ids, params, resolved, self.model_info)
         state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, params, resolved,
                              self.model_info.mask_id, self.stop_ids, seq,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..decoding.canvas import answer_len
 from ..decoding.params import DecodeParams, SamplingParams
 from ..messages import ModelInfo
 from .tokenize import Tokenizer
@@ -63,7 +62,7 @@ def check_request(ids: list[int], params: SamplingParams, resolved: DecodeParams
         raise ValueError(f"prompt_token_ids: ids {bad[:5]} are outside the vocabulary [0, {args.vocab_size})")
     if args.mask_id in ids:
         raise ValueError(f"prompt_token_ids: contains the mask token id {args.mask_id}")
-    canvas = len(ids) + answer_len(resolved.max_tokens, resolved.block_length)
+    canvas = len(ids) + resolved.answer_len(len(ids))
     if canvas > args.max_len:
         raise ValueError(f"max_tokens: prompt ({len(ids)} tokens) + answer ({params.max_tokens} tokens, "
                          f"rounded up to whole blocks of {resolved.block_length}) = {canvas} exceeds the "

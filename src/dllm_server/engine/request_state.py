@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..decoding.canvas import answer_len, num_blocks
 from ..decoding.params import BlockPolicy, DecodeParams, SamplingParams
 from ..messages import StepDelta, SubmitBlock
 from .detok import IncrementalDetokenizer
@@ -64,8 +63,8 @@ class RequestState:
         self.arrived_at = 0.0                # set when the scheduler admits it (its clock)
         self.prompt_len = len(prompt_ids)
         self._prompt_array = None         # the prompt as int64, for submit_msg
-        self.answer_len = answer_len(params.max_tokens, params.block_length)
-        self.num_blocks = num_blocks(params.max_tokens, params.block_length)
+        self.answer_len = params.answer_len(self.prompt_len)
+        self.num_blocks = params.num_blocks(self.prompt_len)
         self.answer = [mask_id] * self.answer_len
         self.block_index = 0
         self.stats = GenerationStats()

@@ -59,12 +59,19 @@ class RequestHandle:
 
     @property
     def answer_len(self) -> int:
-        """Answer positions on the canvas: max_tokens rounded up to whole blocks."""
+        """Answer positions on the canvas: up to the end of the block holding the last one."""
         return self._entry.state.answer_len
 
     @property
     def block_length(self) -> int:
         return self._entry.state.params.block_length
+
+    @property
+    def block_offset(self) -> int:
+        """Prompt positions in the first answer block (block-causal families, whose blocks lie
+        on the grid from position 0; 0 for LLaDA / Dream)."""
+        p = self._entry.state.params
+        return self.prompt_len % p.block_length if p.block_causal else 0
 
     @property
     def arrived_at(self) -> float:

@@ -35,6 +35,8 @@ def keeps(sched: "Scheduler", entry: Entry, wid: int, loads: list[WorkerLoad] | 
     st = entry.state
     if st.block_index + 1 >= st.num_blocks:
         return False
+    if st.params.block_causal:      # sticky: its pages hold exact KV, the worker goes on where it is
+        return True
     loads = loads or sched.workers.loads(minus=entry.charged)   # the others' load, not this block's
     return keeps_request(loads, sched.config.placement, wid, sched.workers.pages_for(st.prompt_len + st.answer_len),
                          completion(sched, entry))
@@ -232,7 +234,8 @@ class Scheduler:
             self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
         elif outcome.continued:
             self.counters.blocks_continued += 1
-            self.workers.charge(entry, wid, st.prompt_len + st.answer_len)
+            if not st.params.block_causal:          # a re-prefill to come there (block-causal: none)
+                self.workers.charge(entry, wid, st.prompt_len + st.answer_len)
             self._leases.append((entry, wid, st.block_index))        # decided with the tick's others
         elif outcome.next_block:
             self._dispatch(entry, self._block_policy(entry))
@@ -257,7 +260,10 @@ class Scheduler:
             if entry is None:
                 continue
             if isinstance(a, InstallBlock):
-                self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, step_offset=a.steps)))
+                # block-causal: the decode worker keeps the request, with the next block's lease
+                then = self._lease(entry, a.dst) if entry.state.params.block_causal else None
+                self.requests.set_lease(entry, then)
+                self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
             elif isinstance(a, Moved):
                 entry.worker = a.dst
             elif isinstance(a, FallBack):

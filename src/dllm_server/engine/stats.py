@@ -48,6 +48,7 @@ class WorkerStats:
     tp_size: int = 1                     # its tensor-parallel ranks (processes)
     rank_pids: tuple[int | None, ...] = ()
     rank_rss_mb: tuple[float, ...] = ()  # each rank's resident memory after loading
+    prefix_cache: tuple[int, int, int, int] | None = None   # LoadReport.prefix_cache, as last reported
 
     @property
     def used_pages(self) -> int:
@@ -96,7 +97,7 @@ def snapshot(sched, pids: dict[int, list[int | None]]) -> EngineStats:
         w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
         w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
         w.report.num_iterations if w.report else 0, w.policy, (pids.get(w.worker_id) or [None])[0], w.row_invariance,
-        w.tp_size, tuple(pids.get(w.worker_id) or ()), w.rank_rss_mb)
+        w.tp_size, tuple(pids.get(w.worker_id) or ()), w.rank_rss_mb, w.report.prefix_cache if w.report else None)
         for w in sched.workers)
     n_wait = sched.requests.num_waiting
     summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None

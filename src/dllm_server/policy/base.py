@@ -78,7 +78,8 @@ def request_rule(state: RequestState, block_index: int, default_threshold: float
     bound, or its fixed steps split over the blocks as LLaDA does."""
     s = state.sampling
     steps = None if s.steps is None else steps_per_block(
-        effective_steps(s.steps, state.params.max_tokens, state.params.block_length), state.num_blocks, block_index)
+        effective_steps(s.steps, state.params.max_tokens, state.params.block_length, state.prompt_len,
+                        state.params.block_causal), state.num_blocks, block_index)
     return BlockPolicy(default_threshold if s.threshold is None else s.threshold, s.factor, steps, s.entropy_bound)
 
 

@@ -55,8 +55,9 @@ class Progress:
         self.forwards += 1
         self.committed_last = len(delta.positions)
         self.answer_masked = delta.num_masked
-        lo = delta.block_index * self.block_length
-        self.masked_in_block = st.answer[lo: lo + self.block_length].count(st.mask_id)
+        start, end = st.params.block_bounds(st.prompt_len, delta.block_index)     # its answer part
+        lo, hi = max(0, start - st.prompt_len), end - st.prompt_len
+        self.masked_in_block = st.answer[lo:hi].count(st.mask_id)
         self.prefix_len = st.prefix_end
         if not self.eos_seen and self.stop_ids:
             self.eos_seen = any(t in self.stop_ids for t in delta.token_ids)

@@ -174,7 +174,11 @@ class SLOPolicy(StaticPolicy):
         block_rem = np.where(current[:, None], pred["block_rem"].reshape(r, n), cur["block_rem"][:, None])
         starting = np.asarray([c and p.step == 0 for c, p in zip(current, progs)])
         work = block_rem + fut
-        recomputes = fut_blocks + starting[:, None]       # a block not started yet begins with one
+        # a block not started yet begins with a recompute step; a block-causal request has only
+        # its prefill (its later blocks cost their own tokens)
+        causal = np.asarray([st.params.block_causal for st, _ in items])
+        first = np.asarray([k == 0 for _, k in items])
+        recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
         secs = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
         pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack)
         out = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..worker.core import iteration_load
-from ..worker.model_step import StepResult
+from ..worker.model_step import StepResult, causal_fed_range
 from ..worker.runner import fed_range
 
 
@@ -22,7 +22,10 @@ class SimStepper:
         self.core = None                  # the WorkerCore it steps (its iteration_load is this step's)
 
     def fed_tokens(self, t, is_prefill: bool) -> int:
-        a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
+        if t.params.block_causal:
+            a, b = causal_fed_range(t, is_prefill, "fused")
+        else:
+            a, b = fed_range(self.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:

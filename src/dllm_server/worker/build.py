@@ -18,13 +18,15 @@ from .handoff import WorkerHandoffs
 from .kv_pool import KVPool
 from .kv_transfer import TorchTransport, Waiter
 from .model_step import ModelStepper
+from .prefix_cache import PrefixCache
 from .profile import profile_iterations
 from .tp import PlanSender, TPGroups
 
 
 def model_info(args: ModelArgs) -> ModelInfo:
     return ModelInfo(args.arch, args.vocab_size, args.embedding_size, args.mask_id, args.eos_id, args.max_len,
-                     args.hidden, args.num_layers, args.num_heads, args.num_kv_heads, args.head_dim, args.mlp_hidden)
+                     args.hidden, args.num_layers, args.num_heads, args.num_kv_heads, args.head_dim, args.mlp_hidden,
+                     args.block_size)
 
 
 def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
@@ -49,7 +51,8 @@ def build_core(config: WorkerConfig, model_path: str, device: torch.device, work
         stepper.runner.plan_sink = PlanSender(tp)
     handoffs = WorkerHandoffs(worker_id, pool, TorchTransport(worker_id, pool.layers, Waiter(device))) if transfers \
         else None
-    return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit), model_info(args)
+    cache = PrefixCache(pool, args.block_size) if config.prefix_caching and args.block_size else None
+    return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit, cache), model_info(args)
 
 
 def startup_profile(core: WorkerCore, info: ModelInfo) -> tuple[tuple[float, ...], ...]:

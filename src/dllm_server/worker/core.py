@@ -21,84 +21,27 @@ from typing import Callable
 import torch
 
 from ..config import WorkerConfig
-from ..decoding.canvas import block_bounds, num_blocks
 from ..decoding.params import BlockPolicy, DecodeParams
 from ..decoding.stop import AnswerMarks
 from ..messages import (Abort, BlockDone, ContinueBlock, Evict, Evicted, HandoffKV, InstallKV, LoadReport, PrefillDone,
                         ReceiveKV, RequestFailed, ReviseBlock, SetPolicy, StepDelta, SubmitBlock)
 from .admission import PrefillCandidate, admit, seat_decodes
 from .handoff import Install, WorkerHandoffs
-from .kv_pool import KVPool, PageAlloc
+from .kv_pool import KVPool
 from .model_step import Stepper
+from .prefix_cache import PrefixCache
+from .task import ACTIVE, HELD, PREFILL, READY, WAITING, BlockTask, IterationStats, iteration_load
+
+__all__ = ["WorkerCore", "BlockTask", "IterationStats", "iteration_load"]
 
 log = logging.getLogger(__name__)
 
-WAITING, PREFILL, READY, ACTIVE, HELD = "waiting", "prefill", "ready", "active", "held"
-
-
-@dataclass(slots=True)
-class BlockTask:
-    """Worker-local state of one request: its canvas and its current block. Phases: WAITING for the
-    block's full-canvas forward, PREFILL while admitted to it, READY (prefilled) for a decode seat,
-    ACTIVE in a seat, HELD after a handoff prefill until its KV is sent."""
-    request_id: str
-    block_index: int
-    prompt_len: int
-    params: DecodeParams
-    policy: BlockPolicy
-    marks: AnswerMarks                # the answer's masks and stop tokens, beside the canvas
-    arrival_seq: int
-    canvas: torch.Tensor
-    start: int
-    end: int
-    handoff: bool = False
-    stream_to: int | None = None
-    then: BlockPolicy | None = None     # the router's continuation: run the next block here with it
-    alloc: PageAlloc | None = None
-    step: int = 0                       # forwards done in this block
-    phase: str = WAITING
-
-    @property
-    def key(self) -> tuple[int, int, str]:
-        return (self.arrival_seq, self.block_index, self.request_id)
-
-    def next_block(self) -> None:
-        self.block_index += 1
-        self.start, self.end = block_bounds(self.prompt_len, self.block_index, self.params.block_length)
-        self.policy, self.then = self.then, None
-        self.step, self.phase = 0, WAITING
-
-
-@dataclass(slots=True)
-class IterationStats:
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    decode_keys: int = 0
-    prefill_sq: int = 0
-    num_prefills: int = 0
-    num_decodes: int = 0
-    deficit_tokens: int = 0
-    forward_s: float = 0.0
-
-
-def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> IterationStats:
-    """What one iteration feeds (the step-time model's features, policy/step_time.py): a prefill
-    feeds its whole canvas and attends over it (squared), a decode its fed tokens against the
-    canvas's keys. Pure; the core and the simulator's stepper both describe an iteration with it."""
-    prefill_tokens = prefill_sq = decode_keys = 0
-    for t in prefills:
-        n = t.canvas.numel()
-        prefill_tokens += n
-        prefill_sq += n * n
-    for t in decodes:
-        decode_keys += t.canvas.numel()
-    return IterationStats(prefill_tokens, decode_tokens, decode_keys, prefill_sq, len(prefills), len(decodes))
-
-
 class WorkerCore:
     def __init__(self, config: WorkerConfig, stepper: Stepper, pool: KVPool, mask_id: int,
-                 handoffs: WorkerHandoffs | None = None, emit: Callable[[list], None] | None = None):
+                 handoffs: WorkerHandoffs | None = None, emit: Callable[[list], None] | None = None,
+                 prefix_cache: PrefixCache | None = None):
         self.config = config
+        self.prefix_cache = prefix_cache    # block-causal models: prompt KV shared across requests
         self.stepper = stepper
         self.pool = pool
         self.mask_id = mask_id
@@ -136,11 +79,15 @@ class WorkerCore:
         return []
 
     def _task(self, msg: SubmitBlock) -> BlockTask:
-        start, end = block_bounds(msg.prompt_len, msg.block_index, msg.params.block_length)
+        start, end = msg.params.block_bounds(msg.prompt_len, msg.block_index)
         marks = AnswerMarks(msg.canvas, msg.prompt_len, self.mask_id, msg.stop_token_ids, msg.params.ignore_eos)
-        return BlockTask(msg.request_id, msg.block_index, msg.prompt_len, msg.params, msg.policy, marks,
+        task = BlockTask(msg.request_id, msg.block_index, msg.prompt_len, msg.params, msg.policy, marks,
                          msg.arrival_seq, msg.canvas, start, end, msg.handoff, msg.stream_to, msg.then,
                          step=msg.step_offset)
+        if self.prefix_cache is not None and msg.params.block_causal and not msg.handoff:
+            # the prompt's complete blocks; the first answer block (the prompt's tail) is never cached
+            task.prefix_keys = self.prefix_cache.keys(msg.canvas, msg.params.block_bounds(msg.prompt_len, 0)[0])
+        return task
 
     def continue_block(self, msg: ContinueBlock) -> list:
         t = self.tasks.get(msg.request_id)
@@ -160,7 +107,7 @@ class WorkerCore:
             return [Evicted(msg.request_id, msg.block_index, False)]
         self.waiting.remove(t.key)
         del self.tasks[t.request_id]
-        self.pool.free(t.request_id)
+        self._free(t, written=False)
         return [Evicted(msg.request_id, msg.block_index, True)]
 
     def set_policy(self, msg: SetPolicy) -> list:
@@ -173,7 +120,7 @@ class WorkerCore:
         task = self.tasks.pop(msg.request_id, None)
         if task is None:
             return []
-        self.pool.free(task.request_id)
+        self._free(task, written=task.phase in (READY, ACTIVE))   # a failed prefill's KV is not kept
         if task.phase == WAITING:
             self.waiting.remove(task.key)
         elif task.phase == READY:
@@ -242,11 +189,13 @@ class WorkerCore:
 
     def load_report(self, worker_id: int, num_iterations: int, iteration_s: float,
                     messages_handled: int = 0) -> LoadReport:
-        last = self.last
-        return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_free_pages,
+        last, cache = self.last, self.prefix_cache
+        prefix = (cache.hit_tokens, cache.query_tokens, cache.num_cached_pages, cache.evicted_pages) if cache \
+            else None
+        return LoadReport(worker_id, self.outstanding_prefill_tokens, len(self.active), self.pool.num_available_pages,
                           self.deficit_tokens, last.prefill_tokens + last.decode_tokens, num_iterations,
                           iteration_s, last.forward_s, last.prefill_tokens, last.num_prefills, self.policy,
-                          last.decode_keys, last.prefill_sq, self.has_work, messages_handled)
+                          last.decode_keys, last.prefill_sq, self.has_work, messages_handled, prefix)
 
     # ---- one iteration ----
     def step(self) -> list:
@@ -297,12 +246,19 @@ class WorkerCore:
         pages. The admitted ones are a prefix of that order, except for page holders passing a head
         stalled on memory (worker/admission.py)."""
         waiting = [self.tasks[rid] for _, _, rid in self.waiting]
-        candidates = [PrefillCandidate(t.request_id, t.arrival_seq, t.canvas.numel(),
+        cache = self.prefix_cache
+        if cache is not None:                        # price a prefill past what the cache holds now
+            for t in waiting:
+                if t.prefix_keys and t.alloc is None:
+                    t.cached_len = cache.peek(t.prefix_keys) * cache.unit_tokens
+        fed = self.stepper.fed_tokens                # a block-causal prefill: its prompt blocks, once
+        candidates = [PrefillCandidate(t.request_id, t.arrival_seq,
+                                       fed(t, True) if t.params.block_causal else t.canvas.numel(),
                                        0 if t.alloc is not None else self.pool.pages_needed(t.canvas.numel()))
                       for t in waiting]
         pol = self.policy
         decision = admit(candidates, decode_tokens=decode_tokens, token_budget=pol.token_budget,
-                         deficit_tokens=self.deficit_tokens, free_pages=self.pool.num_free_pages,
+                         deficit_tokens=self.deficit_tokens, free_pages=self.pool.num_available_pages,
                          num_active=len(self.active), num_ready=len(self.ready),
                          max_active_decodes=pol.max_active_decodes, credit_share=pol.credit_share)
         self.deficit_tokens = decision.deficit_tokens
@@ -314,11 +270,20 @@ class WorkerCore:
             del self.waiting[: len(admitted)]          # the usual case: a prefix
         else:
             self.waiting = [k for k in self.waiting if k[2] not in chosen]
+        # cache hits first: referenced, they cannot be reclaimed by the allocations that follow
+        # (admission counted every candidate's whole canvas against free + reclaimable pages)
+        shared = {t.request_id: self._lookup(t) for t in admitted if t.alloc is None and t.prefix_keys}
         for t in admitted:
             t.phase = PREFILL
             if t.alloc is None:
-                t.alloc = self.pool.allocate(t.request_id, t.canvas.numel())
+                t.alloc = self.pool.allocate(t.request_id, t.canvas.numel(), shared.get(t.request_id, ()))
         return admitted
+
+    def _lookup(self, t: BlockTask) -> list[int]:
+        pages = self.prefix_cache.lookup(t.prefix_keys)
+        t.prefix_hits = len(pages) // self.prefix_cache.unit_pages
+        t.cached_len = t.prefix_hits * self.prefix_cache.unit_tokens
+        return pages
 
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
                summary: torch.Tensor | None = None) -> list:
@@ -352,18 +317,43 @@ class WorkerCore:
                 self.ready.append(t.request_id)
         return out
 
+    def _next_causal_block(self, t: BlockTask, done: BlockDone) -> BlockDone:
+        """A block-causal request goes on to its next block where it is, seated: its KV is exact,
+        so there is no re-prefill; its next forward also writes this block's final tokens (fused
+        finalise). The front's lease, if one came, sets the next block's policy; otherwise this
+        block's carries on (a standing lease: no round trip at a block boundary)."""
+        seated = t.phase == ACTIVE
+        t.next_block()
+        if seated:
+            t.phase = ACTIVE
+        else:                                   # it ended in its first forward: seat it with the decodes
+            t.phase = READY
+            self.ready.append(t.request_id)
+        return BlockDone(done.request_id, done.block_index, done.num_steps, False, True, done.policy)
+
     def _end_block(self, t: BlockTask, final: bool) -> BlockDone:
+        more = t.block_index + 1 < t.params.num_blocks(t.prompt_len)
+        done = BlockDone(t.request_id, t.block_index, t.step, final, policy=t.policy)
+        if t.params.block_causal and not final and more and not t.handoff:
+            return self._next_causal_block(t, done)
         if t.phase == ACTIVE:
             self.active.remove(t.request_id)
-        done = BlockDone(t.request_id, t.block_index, t.step, final, policy=t.policy)
-        more = t.block_index + 1 < num_blocks(t.params.max_tokens, t.params.block_length)
         if not final and more and t.then is not None and not t.handoff:
             t.next_block()                     # same canvas, same pages: no copy, no trip to the router
             bisect.insort(self.waiting, t.key)
             return BlockDone(done.request_id, done.block_index, done.num_steps, False, True, done.policy)
         del self.tasks[t.request_id]
-        self.pool.free(t.request_id)
+        self._free(t, written=True)
         return done
+
+    def _free(self, t: BlockTask, written: bool) -> None:
+        """Its pages back to the pool; under the prefix cache its references go and, when its
+        prompt KV was written, its own prompt units join the cache first."""
+        if t.prefix_keys is not None and self.prefix_cache is not None:
+            self.prefix_cache.release(t.prefix_keys, t.prefix_hits,
+                                      t.alloc.pages if written and t.alloc is not None else None)
+            t.prefix_keys = None
+        self.pool.free(t.request_id)
 
 
 def _hang_forever() -> None:

@@ -2,7 +2,10 @@
 
 Pages are `page_size` token slots. The allocator prefers one contiguous run (then attention
 reads a plain view, no gather); otherwise it hands out the lowest free pages. It decides
-nothing about who gets pages: the core asks, the pool answers.
+nothing about who gets pages: the core asks, the pool answers. With a prefix cache
+(worker/prefix_cache.py, block-causal families) an allocation may begin with cached pages it
+shares read-only, cached pages outlive their request, and unreferenced ones are reclaimed when
+the free pages run short.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ class PageAlloc:
     pages: list[int]
     slot_base: int                   # >= 0 when the pages form one contiguous run
     slot_ids: torch.Tensor | None    # slot of every canvas position otherwise
+    shared: int = 0                  # leading pages borrowed from the prefix cache (never freed with it)
 
 
 def alloc_of_pages(pages: list[int], num_tokens: int, page_size: int, device: torch.device | str) -> PageAlloc:
@@ -46,24 +50,36 @@ class KVPool:
         self._is_free = bytearray(b"\x01") * num_pages    # 1 = free; bytes.find scans it in C
         self.num_free_pages = num_pages
         self._owner: dict[str, PageAlloc] = {}
+        self._cached: set[int] = set()       # pages the prefix cache holds
+        self.cache = None                    # the PrefixCache, when there is one (it sets itself)
 
     def pages_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.pages_needed(num_tokens) <= self.num_free_pages
+    @property
+    def num_available_pages(self) -> int:
+        """Free pages plus the cached ones nobody references (reclaimed on demand)."""
+        return self.num_free_pages + (self.cache.num_idle_pages if self.cache is not None else 0)
 
-    def allocate(self, owner: str, num_tokens: int) -> PageAlloc:
-        n = self.pages_needed(num_tokens)
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.pages_needed(num_tokens) <= self.num_available_pages
+
+    def allocate(self, owner: str, num_tokens: int, shared: list[int] = ()) -> PageAlloc:
+        """Pages for `num_tokens` canvas positions under `owner`; the first len(shared) are the
+        given cached pages (already referenced by the caller), the rest fresh."""
+        n = self.pages_needed(num_tokens) - len(shared)
         if owner in self._owner:
             raise RuntimeError(f"KV pages already allocated for {owner}")
+        if n > self.num_free_pages and self.cache is not None:
+            self.cache.evict(n - self.num_free_pages)
         if n > self.num_free_pages:
             raise RuntimeError(f"out of KV pages: need {n}, {self.num_free_pages} free")
-        pages = self._contiguous_run(n) or [i for i, free in enumerate(self._is_free) if free][:n]
-        for p in pages:
+        own = (not shared and self._contiguous_run(n)) or [i for i, free in enumerate(self._is_free) if free][:n]
+        for p in own:
             self._is_free[p] = 0
         self.num_free_pages -= n
-        alloc = alloc_of_pages(pages, num_tokens, self.page_size, self.device)
+        alloc = alloc_of_pages(list(shared) + own, num_tokens, self.page_size, self.device)
+        alloc.shared = len(shared)
         self._owner[owner] = alloc
         return alloc
 
@@ -71,9 +87,21 @@ class KVPool:
         alloc = self._owner.pop(owner, None)
         if alloc is None:
             return
-        for p in alloc.pages:
+        for p in alloc.pages[alloc.shared:]:
+            if p not in self._cached:            # donated to the prefix cache: it frees them later
+                self._is_free[p] = 1
+                self.num_free_pages += 1
+
+    def share(self, pages) -> None:
+        """The prefix cache keeps these pages (their owner's free() leaves them allocated)."""
+        self._cached.update(pages)
+
+    def unshare(self, pages) -> None:
+        """The prefix cache lets these unreferenced pages go: free again."""
+        for p in pages:
+            self._cached.remove(p)
             self._is_free[p] = 1
-        self.num_free_pages += len(alloc.pages)
+        self.num_free_pages += len(pages)
 
     def rename(self, owner: str, new_owner: str) -> PageAlloc | None:
         """Hand an allocation to a new owner key (e.g. to an in-flight send, so the request's
@@ -89,11 +117,14 @@ class KVPool:
         return list(self._owner)
 
     def check_integrity(self) -> None:
-        used = [p for a in self._owner.values() for p in a.pages]
-        if len(used) != len(set(used)):
+        own = [p for a in self._owner.values() for p in a.pages[a.shared:]]
+        if len(own) != len(set(own)):
             raise AssertionError("a KV page has two owners")
+        if any(p not in self._cached for a in self._owner.values() for p in a.pages[:a.shared]):
+            raise AssertionError("a shared KV page is not in the prefix cache")
+        used = set(own) | self._cached
         if any(self._is_free[p] for p in used):
-            raise AssertionError("an owned KV page is marked free")
+            raise AssertionError("an owned or cached KV page is marked free")
         if self.num_free_pages != sum(self._is_free) or self.num_free_pages + len(used) != self.num_pages:
             raise AssertionError("KV free-page count is inconsistent")
 

@@ -30,6 +30,8 @@ class StepBlock(Protocol):
     step: int
     block_index: int
     alloc: object
+    cached_len: int               # positions whose KV is in place before the first forward (prefix cache)
+    finalise_from: int            # >= 0: the previous block's start, its final tokens not yet fed
     params: object
     policy: object
 
@@ -70,6 +72,20 @@ class _ForwardTimer:
         return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
+def causal_fed_range(t: StepBlock, is_prefill: bool, finalise: str) -> tuple[int, int]:
+    """What a block-causal step feeds (its keys end at the block's end: nothing later is seen):
+    a request's first forward every position from the first one without KV (past a prefix-cache
+    hit) to its block's end; a block's first forward after the previous block ended also that
+    block's final tokens, so their KV is written once, in the same forward ("fused": exact, one
+    forward a block saved; "recompute": the whole prefix again, the no-cache reference;
+    "separate": a forward of their own first, ModelStepper.run); any other step the block alone."""
+    if is_prefill:
+        return t.cached_len, t.end
+    if t.step == 0 and t.finalise_from >= 0 and finalise != "separate":
+        return (0 if finalise == "recompute" else t.finalise_from), t.end
+    return t.start, t.end
+
+
 class ModelStepper:
     def __init__(self, config: WorkerConfig, model: torch.nn.Module, args: ModelArgs, pool: KVPool,
                  device: torch.device):
@@ -85,21 +101,34 @@ class ModelStepper:
             n = graphs.capture_all(config.block_length)
             log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
                      time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
+        self.num_forwards = 0          # model forwards run (a separate finalise counts its own)
         self.runner = ModelRunner(model, args, pool, device, causal=config.causal,
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
 
+    def _range(self, t: StepBlock, is_prefill: bool) -> tuple[int, int]:
+        if t.params.block_causal:
+            return causal_fed_range(t, is_prefill, self.config.block_causal_finalise)
+        return fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
+
     def _item(self, t: StepBlock, is_prefill: bool) -> ForwardItem:
-        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
-        return ForwardItem(t.canvas, t.alloc, a, b, t.start, t.end)
+        a, b = self._range(t, is_prefill)
+        return ForwardItem(t.canvas, t.alloc, a, b, t.start, t.end, t.end if t.params.block_causal else None)
 
     def fed_tokens(self, t: StepBlock, is_prefill: bool) -> int:
-        a, b = fed_range(self.config.cache, is_prefill, t.start, t.end, t.canvas.numel(), self.lead)
+        a, b = self._range(t, is_prefill)
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
         batch = prefills + decodes
         items = [self._item(t, True) for t in prefills] + [self._item(t, False) for t in decodes]
         timer = _ForwardTimer(self.runner.device)
+        if self.config.block_causal_finalise == "separate":     # the unfused reference: a forward more
+            final = [ForwardItem(t.canvas, t.alloc, t.finalise_from, t.start, t.start, t.start, t.start)
+                     for t in decodes if t.params.block_causal and t.step == 0 and t.finalise_from >= 0]
+            if final:
+                self.runner.forward(final, logits=False)
+                self.num_forwards += 1
+        self.num_forwards += 1
         logits = self.runner.forward(items, layer_done=layer_done, decode_only=not prefills)
         timer.stop()
         mask_id = self.args.mask_id

@@ -37,6 +37,7 @@ class ForwardItem:
     fed_end: int
     block_start: int          # logits wanted for block positions [block_start, block_end)
     block_end: int
+    kv_end: int | None = None # keys [0, kv_end) are attended (block-causal); None: the whole canvas
 
 
 def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, canvas_len: int,
@@ -117,7 +118,9 @@ class ModelRunner:
             # clamped: a window fed from its block start predicts the first position from its own output
             if logits:
                 rows.extend(max(r, q_start) for r in range(first, first + it.block_end - it.block_start))
-            seqs.append(SeqSpan(q_start, n, it.fed_start, it.canvas.numel(), a.slot_base, a.slot_ids, a.pages))
+            kv = it.canvas.numel() if it.kv_end is None else it.kv_end
+            slot_ids = a.slot_ids if a.slot_ids is None or kv == a.slot_ids.numel() else a.slot_ids[:kv]
+            seqs.append(SeqSpan(q_start, n, it.fed_start, kv, a.slot_base, slot_ids, a.pages[: -(-kv // page)]))
             q_start += n
         dev = lambda a: (torch.frombuffer(a, dtype=torch.int64) if len(a)  # noqa: E731
                          else torch.empty(0, dtype=torch.int64)).to(self.device)

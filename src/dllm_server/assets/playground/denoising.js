@@ -7,11 +7,14 @@ export function answerLength(maxTokens, blockLength) {
 }
 
 export class Denoising {
-  constructor({answerLen, blockLength, maxTokens, stopIds}) {
+  // blockOffset: prompt positions inside the first answer block (block-causal models such as SDAR,
+  // whose blocks lie on the grid from position 0; 0 for LLaDA / Dream)
+  constructor({answerLen, blockLength, maxTokens, stopIds, blockOffset = 0}) {
     this.answerLen = answerLen;
     this.blockLength = blockLength;
+    this.blockOffset = blockOffset;
     this.maxTokens = maxTokens;
-    this.numBlocks = Math.ceil(answerLen / blockLength);
+    this.numBlocks = Math.ceil((answerLen + blockOffset) / blockLength);
     this.stopIds = new Set(stopIds || []);
     this.forwards = [];                                    // {block, step, positions, masked}
     this.committedAt = new Int32Array(answerLen);          // forward (1-based) that committed a cell; 0: never
@@ -46,7 +49,13 @@ export class Denoising {
   }
 
   blockOf(position) {
-    return Math.floor(position / this.blockLength);
+    return Math.floor((position + this.blockOffset) / this.blockLength);
+  }
+
+  // Answer positions of block b: [first, end).
+  blockRange(b) {
+    const start = b * this.blockLength - this.blockOffset;
+    return [Math.max(0, start), Math.min(start + this.blockLength, this.answerLen)];
   }
 
   // Forwards each block has taken within the first k forwards.

@@ -68,8 +68,8 @@ async function send(event) {
   showMessage("");
   $("answer").textContent = "";
   $("caption").textContent = "Sent; waiting for the server…";
-  const fresh = (answerLen, bl) => new Denoising({answerLen, blockLength: bl, maxTokens,
-                                                   stopIds: info ? info.stop_token_ids : []});
+  const fresh = (answerLen, bl, blockOffset = 0) => new Denoising({answerLen, blockLength: bl, maxTokens, blockOffset,
+                                                                    stopIds: info ? info.stop_token_ids : []});
   try {
     await stream(mine.mode === "chat" ? "/v1/chat/completions" : "/v1/completions", body, {
       key: $("api_key").value.trim(), signal: mine.controller.signal,
@@ -101,8 +101,10 @@ async function send(event) {
 function onEvent(mine, obj, fresh) {
   if (obj.choices && obj.choices.length === 0 && obj.dllm) {
     const d = obj.dllm;
-    if (!mine.model || mine.model.answerLen !== d.answer_len || mine.model.blockLength !== d.block_length) {
-      mine.model = fresh(d.answer_len, d.block_length);     // the server's geometry wins
+    const offset = d.block_offset || 0;
+    if (!mine.model || mine.model.answerLen !== d.answer_len || mine.model.blockLength !== d.block_length
+        || mine.model.blockOffset !== offset) {
+      mine.model = fresh(d.answer_len, d.block_length, offset);     // the server's geometry wins
       view.build(mine.model);
     }
     if (mine.firstAt === null) mine.firstAt = performance.now();

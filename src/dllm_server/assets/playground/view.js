@@ -53,7 +53,8 @@ export class CanvasView {
       label.innerHTML = `block ${b}<small></small>`;
       const cells = document.createElement("div");
       cells.className = "cells";
-      for (let p = b * model.blockLength; p < Math.min((b + 1) * model.blockLength, model.answerLen); p++) {
+      const [first, end] = model.blockRange(b);
+      for (let p = first; p < end; p++) {
         const cell = document.createElement("span");
         cell.className = "cell masked";
         cell.textContent = "░";
