@@ -65,6 +65,7 @@ class SimRequest:
     ignore_eos: bool = True
     threshold: float | None = None
     slo_ms: float | None = None          # threshold policy "slo": this request's end-to-end target
+    steps: int | None = None             # a fixed-steps rule instead of the threshold
 
 
 class Behaviour:
@@ -106,23 +107,25 @@ class Behaviour:
     def _plan(self, t) -> tuple[list, tuple]:
         """A block's plan, drawn at its first forward: every forward's answer, and its shape
         (cumulative commits per forward, the spare commits, the needed ones, the EOS's column if
-        it lands in this block)."""
+        it lands in this block, the first answer column: a block-causal model's first block
+        begins with the prompt's tail, which is never committed)."""
         seq, eos_at = self.requests[t.request_id]
         p = t.params
-        width = t.end - t.start
-        offset = t.start - t.prompt_len                 # answer position of the block's first cell
+        first = max(0, t.prompt_len - t.start)
+        width = t.end - t.start - first
+        offset = t.start + first - t.prompt_len         # answer position of the block's first answer cell
         limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
         needed = max(1, min(width, limit - offset))
         counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
         cum = list(itertools.accumulate(counts, initial=0))
         eos_col = eos_at - offset if eos_at is not None and 0 <= eos_at - offset < width else None
-        shape = (cum, cum[-1] - needed, needed, eos_col)
+        shape = (cum, cum[-1] - needed, needed, eos_col, first)
         return [_step(shape, s) for s in range(len(counts))], shape
 
 
 def _step(shape: tuple, s: int) -> tuple[tuple[tuple[int, int], ...], int | None]:
     """Forward `s` of a block plan: the column ranges it commits, and the EOS's column if among them."""
-    cum, spare, needed, eos_col = shape
+    cum, spare, needed, eos_col, first = shape
     a = cum[s] if s < len(cum) else cum[-1]
     b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
     if b <= a:                                       # past the plan (never expected): finish the block
@@ -135,6 +138,9 @@ def _step(shape: tuple, s: int) -> tuple[tuple[tuple[int, int], ...], int | None
     eos = None
     if eos_col is not None:
         eos = eos_col if any(lo <= eos_col < hi for lo, hi in ranges) else None
+    if first:
+        ranges = [(lo + first, hi + first) for lo, hi in ranges]
+        eos = None if eos is None else eos + first
     return tuple(ranges), eos
 
 

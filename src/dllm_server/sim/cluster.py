@@ -267,8 +267,8 @@ class Simulator:
                                               slo_ms=req.slo_ms)
             return
         sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold,
-                                  slo_ms=req.slo_ms)
-        params = sampling.resolve(cfg, request_seed(cfg.seed, seq))
+                                  slo_ms=req.slo_ms, steps=req.steps)
+        params = sampling.resolve(cfg, request_seed(cfg.seed, seq), self.model.block_size)
         rid = f"r{seq}"
         st = RequestState(rid, None, [self.fill_id] * req.prompt_len, sampling, params, self.model.mask_id,
                           (self.model.eos_id,), seq)

@@ -35,6 +35,7 @@ class ModelShape:
     eos_id: int
     source: str
     bytes_per_param: int = 2   # bf16 weights and KV
+    block_size: int = 0        # > 0: block-causal (SDAR), decoding in blocks of this width on the absolute grid
 
     @property
     def linear_params(self) -> int:
@@ -55,7 +56,7 @@ class ModelShape:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.name, self.vocab, self.vocab, self.mask_id, self.eos_id, self.max_len, self.hidden,
-                         self.layers, self.heads, self.kv_heads, self.head_dim, self.mlp_hidden)
+                         self.layers, self.heads, self.kv_heads, self.head_dim, self.mlp_hidden, self.block_size)
 
 
 MODELS = {
@@ -63,6 +64,10 @@ MODELS = {
                            "LLaDA-8B config.json (dllm_algorithms.md 1.2)"),
     "dream-7b": ModelShape("dream-7b", 3584, 28, 28, 4, 128, 18944, 152064, 1, 131072, 151666, 151643,
                            "Dream-v0-7B config (dllm_algorithms.md 2.1)"),
+    "sdar-8b": ModelShape("sdar-8b", 4096, 36, 32, 8, 128, 12288, 151936, 0, 32768, 151669, 151643,
+                          "assumption: SDAR-8B-Chat has Qwen3-8B's layout (hidden 4096, 36 layers, 32/8 heads, MLP "
+                          "12288), its block_size 4 and mask_token_id 151669 (ray_and_block_causal.md, SDAR's "
+                          "config.json)", block_size=4),
 }
 
 
