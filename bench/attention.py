@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
+from common import median_time_s  # bench/, the script's folder
 from dllm_server.model.attention import AttentionBatch, LayerKV, PaddedBatch, SeqSpan, padded_attention, sdpa_attention
 
 
 def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[len(ts) // 2]
+    return median_time_s(fn, reps, warmup=3)
 
 
 def main() -> None:

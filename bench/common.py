@@ -13,6 +13,18 @@ from loadgen.run import open_loop
 from loadgen.workload import random_ids
 
 
+def median_time_s(fn, reps: int, warmup: int = 2) -> float:
+    """The median wall time of `fn()` over `reps` calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2]
+
+
 def plain_id_offset(model: str | None) -> int:
     """checkpoint.plain_id_offset_of: the shift that keeps synthetic byte-range prompt ids clear of a
     BPE's special tokens. 0 in a tree from before it (bench/ab.py --ref ...): such trees know only

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,18 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server import LLM  # noqa: E402
 from dllm_server.worker import determinism as D  # noqa: E402
 from dllm_server.worker.runner import ForwardItem  # noqa: E402
-from common import step_items  # noqa: E402  (bench/, the script's folder)
+from common import median_time_s, step_items  # noqa: E402  (bench/, the script's folder)
 
 
 def timed(fn, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * median_time_s(fn, reps)
 
 
 def main() -> None:

@@ -6,8 +6,6 @@ token-identical to the offline API; a worker process killed mid-load ends its re
 cluster for the module (Ray's own advice: its start-up is the cost)."""
 import asyncio
 import os
-import signal
-import time
 
 import pytest
 
@@ -17,10 +15,11 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="Ray is not installed (the ray or test extra)")
 
-from dllm_server import LLM, SamplingParams  # noqa: E402
+from dllm_server import LLM  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 
+from .conftest import kill_fails_fast, recovers, slow_requests  # noqa: E402
 from .test_placements import mixed_requests  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -82,31 +81,15 @@ def test_a_killed_worker_fails_its_requests_fast_and_the_server_recovers(cluster
         engine = AsyncEngine(ray_config(cluster, tiny_llada, num_workers=2))
         await engine.start(timeout_s=180)
         try:
-            params = SamplingParams(max_tokens=480, ignore_eos=True, steps=480)     # slow: one token a forward
-            tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3]}, params)) for i in range(24)]
-            ended = {}
-            for i, t in enumerate(tasks):
-                t.add_done_callback(lambda _, i=i: ended.setdefault(i, time.monotonic()))
+            tasks, ended = slow_requests(engine, 24, max_tokens=480)
             while engine.stats().num_running < 8:                  # both workers busy
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             assert not any(t.done() for t in tasks)
             victim = engine.stats().workers[0].pid
-            os.kill(victim, signal.SIGKILL)
-            killed_at = time.monotonic()
-            await asyncio.wait(tasks, timeout=120)
-            outs = [t.result() for t in tasks]
-            errors = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
-            assert errors and all("worker 0 died" in outs[i].error for i in errors)
-            assert all(o.finish_reason in ("length", "error") for o in outs)
-            assert max(ended[i] for i in errors) - killed_at < 5.0
-            deadline = time.monotonic() + 90
-            while not engine.is_healthy and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            assert engine.is_healthy and engine.stats().workers[0].pid != victim
-            more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
-                                          for i in range(6)])
-            assert all(o.finish_reason in ("stop", "length") for o in more)
+            await kill_fails_fast(victim, tasks, ended)
+            await recovers(engine, timeout_s=90, requests=6)
+            assert engine.stats().workers[0].pid != victim
         finally:
             await engine.shutdown(0)
     asyncio.run(run())

@@ -10,7 +10,7 @@ import pytest
 from dllm_server import SamplingParams
 from dllm_server.engine.async_engine import EngineDead
 
-from .conftest import running
+from .conftest import kill_fails_fast, recovers, running, slow_requests
 
 
 async def _quiesce(engine, timeout_s=20):
@@ -80,29 +80,13 @@ async def test_request_larger_than_any_pool_is_refused_at_once(engine_config):
 
 async def test_kill_9_of_a_worker_fails_fast_then_recovers(engine_config):
     async with running(engine_config.replace(num_workers=2)) as engine:
-        params = SamplingParams(max_tokens=200, ignore_eos=True, steps=200)   # slow: one token per forward
-        tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3]}, params)) for i in range(50)]
-        ended_at = {}
-        for i, t in enumerate(tasks):
-            t.add_done_callback(lambda _, i=i: ended_at.setdefault(i, time.monotonic()))
+        tasks, ended = slow_requests(engine, 50)
         await asyncio.sleep(1.0)
         victim = engine.stats().workers[0].pid
-        os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
-        await asyncio.wait(tasks, timeout=120)
-        outs = [t.result() for t in tasks]
-        errors = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
-        assert errors and all("worker 0 died" in outs[i].error for i in errors)
-        assert all(o.finish_reason in ("length", "error") for o in outs)
-        assert max(ended_at[i] for i in errors) - killed_at < 5.0
+        await kill_fails_fast(victim, tasks, ended)
         assert engine.stats().counters.worker_restarts == 1
-        deadline = time.monotonic() + 60
-        while not engine.is_healthy and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert engine.is_healthy and engine.stats().workers[0].pid != victim
-        more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
-                                      for i in range(20)])
-        assert all(o.finish_reason in ("stop", "length") for o in more)
+        await recovers(engine, requests=20)
+        assert engine.stats().workers[0].pid != victim
 
 
 async def test_without_restart_the_engine_is_dead(engine_config):

@@ -4,16 +4,14 @@ follower ends its instance's requests within 5 s and the instance comes back; an
 is refused before any process starts."""
 import asyncio
 import os
-import signal
-import time
 
 import pytest
 
-from dllm_server import LLM, SamplingParams
+from dllm_server import LLM
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 
-from .conftest import running
+from .conftest import kill_fails_fast, recovers, running, slow_requests
 from .test_placements import mixed_requests
 
 
@@ -38,30 +36,15 @@ async def test_a_killed_follower_ends_its_instance_then_it_comes_back(tiny_llada
     config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1,
                           tensor_parallel_size=2)
     async with running(config) as engine:
-        params = SamplingParams(max_tokens=200, ignore_eos=True, steps=200)   # slow: one token per forward
-        tasks = [asyncio.ensure_future(engine.run({"prompt_token_ids": [i + 1, 3]}, params)) for i in range(20)]
-        ended_at = {}
-        for i, t in enumerate(tasks):
-            t.add_done_callback(lambda _, i=i: ended_at.setdefault(i, time.monotonic()))
+        tasks, ended = slow_requests(engine, 20)
         await asyncio.sleep(1.0)
         leader, follower = engine.stats().workers[0].rank_pids
-        os.kill(follower, signal.SIGKILL)
-        killed_at = time.monotonic()
-        await asyncio.wait(tasks, timeout=120)
-        outs = [t.result() for t in tasks]
-        errors = [i for i, o in enumerate(outs) if o.finish_reason == "error"]
-        assert errors and all("worker 0 died" in outs[i].error for i in errors)
-        assert max(ended_at[i] for i in errors) - killed_at < 5.0
-        deadline = time.monotonic() + 60
-        while not engine.is_healthy and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await kill_fails_fast(follower, tasks, ended)
+        await recovers(engine)
         pids = engine.stats().workers[0].rank_pids
-        assert engine.is_healthy and leader not in pids and follower not in pids
+        assert leader not in pids and follower not in pids
         with pytest.raises(ProcessLookupError):        # the leader went with its follower
             os.kill(leader, 0)
-        more = await asyncio.gather(*[engine.run({"prompt_token_ids": [5, i + 1]}, SamplingParams(max_tokens=16))
-                                      for i in range(8)])
-        assert all(o.finish_reason in ("stop", "length") for o in more)
 
 
 def test_an_invalid_degree_is_refused_before_any_worker_starts(tiny_llada):

@@ -60,10 +60,10 @@ class DreamMLP(Projections):
 
 
 class DreamLayer(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, attention: type = DreamAttention):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden, a.norm_eps)
-        self.self_attn = DreamAttention(a)
+        self.self_attn = attention(a)
         self.post_attention_layernorm = RMSNorm(a.hidden, a.norm_eps)
         self.mlp = DreamMLP(a)
 
@@ -73,12 +73,14 @@ class DreamLayer(nn.Module):
 
 
 class DreamModel(nn.Module):
+    attention: type = DreamAttention     # the Qwen layout's skeleton: SDAR (model/sdar.py) swaps in its own
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.args = a
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(a.embedding_size, a.hidden)
-        self.model.layers = nn.ModuleList(DreamLayer(a) for _ in range(a.num_layers))
+        self.model.layers = nn.ModuleList(DreamLayer(a, self.attention) for _ in range(a.num_layers))
         self.model.norm = RMSNorm(a.hidden, a.norm_eps)
         if not a.tie_embeddings:
             self.lm_head = nn.Linear(a.hidden, a.embedding_size, bias=False)

@@ -16,7 +16,8 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, apply_rotary, fuse_layers, residual
+from .dream import DreamModel
+from .layers import Projections, RMSNorm, apply_rotary
 
 # (block_size, mask_token_id) for a config.json without them, per model_type (SGLang keeps such a
 # table too). SDAR: the released configs carry both; its weights were trained at block 4 only
@@ -79,56 +80,7 @@ class SDARAttention(Projections):
         return self.o_proj(attend(q, k, v, kv, batch).flatten(1))
 
 
-class SDARMLP(Projections):
-    names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-
-    def __init__(self, a: ModelArgs):
-        super().__init__()
-        self.gate_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
-        self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
-        self.down_proj = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
-        self.init_projections()
-
-    def forward(self, x):
-        return self.gated_mlp(x)
-
-
-class SDARLayer(nn.Module):
-    def __init__(self, a: ModelArgs):
-        super().__init__()
-        self.input_layernorm = RMSNorm(a.hidden, a.norm_eps)
-        self.self_attn = SDARAttention(a)
-        self.post_attention_layernorm = RMSNorm(a.hidden, a.norm_eps)
-        self.mlp = SDARMLP(a)
-
-    def forward(self, h, cos, sin, kv: LayerKV | None, batch: AttentionBatch | DenseBatch):
-        h = residual(self.self_attn(self.input_layernorm(h), cos, sin, kv, batch), h)
-        return residual(self.mlp(self.post_attention_layernorm(h)), h)
-
-
-class SDARForCausalLM(nn.Module):
-    def __init__(self, a: ModelArgs):
-        super().__init__()
-        self.args = a
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(a.embedding_size, a.hidden)
-        self.model.layers = nn.ModuleList(SDARLayer(a) for _ in range(a.num_layers))
-        self.model.norm = RMSNorm(a.hidden, a.norm_eps)
-        if not a.tie_embeddings:
-            self.lm_head = nn.Linear(a.hidden, a.embedding_size, bias=False)
-        self.rotary = Rotary(a.head_dim, a.rope_theta, a.max_len)
-
-    def fuse_projections(self) -> None:
-        fuse_layers(self)
-        if not self.args.tie_embeddings:
-            self.lm_head = ServingLinear(self.lm_head, rows=self.args.vocab_size)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
-                kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
-        """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
-        h = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary.tables(positions, h.dtype)
-        for layer, layer_kv in zip(self.model.layers, kv or [None] * self.args.num_layers):
-            h = layer(h, cos, sin, layer_kv, batch)
-        h = self.model.norm(h[logits_rows])
-        return h @ self.model.embed_tokens.weight.T if self.args.tie_embeddings else self.lm_head(h)
+class SDARForCausalLM(DreamModel):
+    """Dream's skeleton (the Qwen layout: the same module names, MLP, norms, rotary and head) with
+    Qwen3's attention. logits[i] predicts token i (no shift: that is the loader's ModelArgs)."""
+    attention = SDARAttention
