@@ -36,8 +36,8 @@ from dllm_server.policy.load_control import LoadController  # noqa: E402
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, ParametricBehaviour, positions_per_forward  # noqa: E402
 from dllm_server.sim.cluster import Simulator  # noqa: E402
 from dllm_server.sim.gpu_cost import MODELS, gpu_cost  # noqa: E402
-from dllm_server.sim.instances import (layout_degrees, layout_instances, layout_name, unloaded_latency_s,  # noqa: E402
-                                       with_slos)
+from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos  # noqa: E402
+from dllm_server.sim.regroup import layout_simulator  # noqa: E402
 from dllm_server.sim.workload import preset_workload, rescale, trace_workload  # noqa: E402
 
 LADDER = "0.95,0.9,0.8,0.7"      # positions per forward are flat below 0.7 in the simulator (sim/behaviour.py)
@@ -92,19 +92,21 @@ def run_layout(requests, degrees, cost_for, config: ServerConfig, model: str = "
     """One static layout: each instance one simulated worker with its own cost and pool (the
     SLO policy's step-time models seeded from each one's profile). Returns (SimResult, the
     cap changes load control made)."""
-    insts = layout_instances(degrees, cost_for, config.page_size)
-    uniform = len(set(degrees)) == 1
-    cfg = config.replace(num_workers=len(insts), tensor_parallel_size=degrees[0] if uniform else 1)
-    shape = MODELS[model]
-    sim = Simulator(cfg, None, ParametricBehaviour(model, seed), shape.model_info(), logit_shift=shape.logit_shift,
-                    costs=[i.cost for i in insts], pages=[i.num_pages for i in insts])
+    sim, log = build_sim(degrees, cost_for, config, model, seed)
+    return sim.run(requests), log
+
+
+def build_sim(degrees, cost_for, config: ServerConfig, model: str = "llada-8b", seed: int = 0):
+    """The Simulator of a layout (not run yet; a reconfiguring run attaches its Reconfigurer) and
+    the list load control's cap changes will be noted in."""
+    sim = layout_simulator(degrees, cost_for, config, model, seed)
     policy = sim.scheduler.policy
     log: list = []
     if getattr(policy, "controller", None) is not None:
         rec = RecordingController(policy.controller.candidates, policy.controller.target)
         rec.log, rec.clock = log, sim.clock
         policy.controller = rec
-    return sim.run(requests), log
+    return sim, log
 
 
 def phase_metrics(result, phases: list[int], num_phases: int) -> dict:

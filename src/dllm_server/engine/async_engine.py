@@ -7,6 +7,7 @@ Never touches model tensors; the scheduler owns all request state."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -22,7 +23,7 @@ from ..messages import LoadReport, ModelInfo
 from .inputs import check_prompt_chars, check_request, input_chars, prompt_ids
 from .placement import worker_roles
 from .planning import PlannerState, decide
-from .reconfig import Layout, run_regroup
+from .reconfig import Layout, plan_layout, run_regroup
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
 from ..policy.load_model import WorkerLoadModel
@@ -172,7 +173,10 @@ class AsyncEngine:
         if self._regroup_lock.locked():
             raise RuntimeError("reconfigure: a regroup is already running")
         async with self._regroup_lock:
-            result = await run_regroup(self, Layout.of_degrees(sorted(degrees, reverse=True)), timeout_s)
+            active = collections.Counter(e.worker for e in self.scheduler.requests if e.worker is not None)
+            # one host (mp backend): its devices are one node for stage 2's aligned slots
+            target = plan_layout(self.layout, degrees, active, len(self.device_list))
+            result = await run_regroup(self, target, timeout_s)
         log.info("regrouped into %s in %.2f s (drains: %s)", result["layout"], result["regroup_s"], result["drain_s"])
         return result
 

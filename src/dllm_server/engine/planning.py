@@ -7,7 +7,14 @@ regroup into, or None. Bursts shorter than a period are load control's (policy/s
 
 Degrees no instance runs yet are priced from the measured degree-1 model scaled by 1/d, a prior
 (on a GPU the all-reduces make it optimistic; a degree measured once is priced by its own model
-from then on). Every decision, taken or not, is logged and kept for /metrics.
+from then on: PlannerState keeps the latest fitted model of every degree that ran). Every
+decision, taken or not, is logged and kept for /metrics.
+
+The table's inputs, from the policy: forwards per request at each threshold from the blocks that
+ran at it (`planning_forwards`), the canvas of a seated request (SLOPolicy.seated_canvas: finished requests'
+canvases weighted by their forwards, as the table wants; the live requests' mean before any finished), the mean SLO (paired with the mean request's forwards: with SLOs that grow with a
+request's length, the median SLO against the mean forwards would undercount the budget), and the
+workers' token budget (it bounds the re-prefills an iteration takes).
 """
 from __future__ import annotations
 
@@ -39,16 +46,40 @@ class PlannerState:
     decisions: int = 0
     regroups: int = 0
     last: dict = field(default_factory=dict)      # the latest decision, for /metrics and logs
+    measured: dict = field(default_factory=dict)  # degree -> the latest fitted step-time model of one that ran
 
 
-def degree_models(load, instances: dict[int, int], degrees: list[int]) -> dict[int, object] | None:
-    """{degree: step-time model}: a live instance's own where one runs that degree, else the
-    degree-1 prior. None before any instance has a fitted model."""
-    fitted = {d: load.models[w] for w, d in instances.items() if w in load.models and load.models[w].ready}
-    base = fitted.get(1) or next((ScaledModel(m, 1.0 / d) for d, m in fitted.items()), None)
+def degree_models(load, instances: dict[int, int], degrees: list[int],
+                  measured: dict[int, object] | None = None) -> dict[int, object] | None:
+    """{degree: step-time model}: a live instance's own where one runs that degree, else the one
+    last measured at that degree (`measured`, updated here), else the degree-1 prior. None before
+    any instance has a fitted model."""
+    live = {d: load.models[w] for w, d in sorted(instances.items()) if w in load.models and load.models[w].ready}
+    if measured is not None:
+        measured.update(live)
+    fitted = {**(measured or {}), **live}
+    base = fitted.get(1) or next((ScaledModel(m, 1.0 / d) for d, m in sorted(fitted.items())), None)
     if base is None:
         return None
     return {d: fitted.get(d) or ScaledModel(base, float(d)) for d in degrees}
+
+
+def planning_forwards(taus: list[float], new_work, block_forwards: dict[float, float],
+                      blocks: float) -> list[float]:
+    """F_j for each threshold: `blocks` x the forwards a block took at tau_j where finished
+    blocks ran at it (SLOPolicy.block_forwards), else the admission estimate (`new_work`, which
+    the fallback estimator prices alike at every threshold), kept between the observed values (a
+    lower threshold never needs more forwards than a higher one); at least one per block."""
+    obs = {t: blocks * block_forwards[t] for t in taus if t in block_forwards}
+    out = []
+    for t, w in zip(taus, new_work):
+        f = obs.get(t)
+        if f is None:
+            f = float(w)
+            above, below = [v for u, v in obs.items() if u > t], [v for u, v in obs.items() if u < t]
+            f = max(min([f, *above]), *below) if below else min([f, *above])
+        out.append(max(float(f), blocks))
+    return out
 
 
 def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, int], num_devices: int,
@@ -56,20 +87,23 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
     """The degrees to regroup into, or None (and why, in state.last)."""
     degrees = [d for d in (1, 2, 4, 8) if d <= num_devices and tp_degree_error(d, *heads) is None]
     taus = list(policy.candidates)
-    models = degree_models(load, instances, degrees)
+    models = degree_models(load, instances, degrees, state.measured)
     new_work = policy.new_work
     state.decisions += 1
     if models is None or new_work is None or not arrivals:
         state.last = {"regroup": False, "why": "no measured instance, admitted request or arrival yet"}
         return None
     rate = forecast_rate(arrivals, now, config.reconfigure_period_s)
-    slo_s = float(np.median(policy.budgets)) if policy.budgets else (config.default_slo_ms or 10_000.0) / 1e3
+    slo_s = float(np.mean(policy.budgets)) if policy.budgets else (config.default_slo_ms or 10_000.0) / 1e3
     blocks = max(1.0, policy.blocks_per_request)
-    canvas = int(np.median([st.prompt_len + st.answer_len for st in policy.states.values()])) if policy.states \
-        else config.block_length * 4
-    forwards = [max(float(f), blocks) for f in new_work]
+    seated = getattr(policy, "seated_canvas", None)
+    canvas = int(seated) if seated else int(np.mean([st.prompt_len + st.answer_len for st in policy.states.values()])) \
+        if policy.states else config.block_length * 4
+    forwards = planning_forwards(taus, new_work, getattr(policy, "block_forwards", {}), blocks)
+    row_tokens = config.block_length if config.cache == "dual" else canvas
     table = capacity_table(degrees, taus, from_step_time_model(models, config.block_length), forwards, blocks,
-                           canvas, 0.8 * slo_s, config.max_active_decodes)
+                           canvas, 0.8 * slo_s, config.max_active_decodes, token_budget=config.token_budget,
+                           credit_share=config.credit_share, row_tokens=row_tokens)
     target = plan_capacity(table, degrees, taus, num_devices, rate, utilisation=config.load_target)
     current_counts = {d: sum(1 for v in instances.values() if v == d) for d in degrees}
     current = evaluate_layout(table, current_counts, taus, rate, utilisation=config.load_target,
@@ -82,7 +116,8 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
     state.last = {"regroup": go, "why": why, "rate": rate, "slo_s": slo_s, "target": layout,
                   "current": sorted(instances.values(), reverse=True),
                   "current_mean_threshold": current.mean_threshold, "target_mean_threshold": target.mean_threshold,
-                  "feasible": target.feasible}
+                  "feasible": target.feasible, "forwards": forwards, "canvas": canvas, "blocks": blocks,
+                  "table": {f"TP{d} {t:g}": round(c, 3) for (d, t), c in table.items()}}
     log.info("planner: rate %.2f/s, SLO %.2f s: current %s (mean threshold %.3f) vs target %s (%.3f): %s (%s)",
              rate, slo_s, state.last["current"], current.mean_threshold, layout, target.mean_threshold,
              "regroup" if go else "keep", why)

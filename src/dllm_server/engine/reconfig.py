@@ -11,23 +11,18 @@ re-prefill) can run anywhere from the front's own copy of the canvas, so no KV e
    lease. Drained when no request's block is there any more: about one block's forwards.
 Then the processes stop and the new layout's instances start in their devices; each enters
 routing when it reports ready, with a fresh step-time model. This module decides and returns
-messages; the scheduler and the engine send them (the simulator could drive the same code).
+messages; the scheduler and the engine send them. `Regroup` is one regroup's progress, front-side
+and clock-free: the engine (`run_regroup`, wall clock, processes) and the simulator
+(sim/regroup.py, virtual clock, simulated workers) drive the same one. An instance's devices go
+to a new one as soon as every instance they belonged to has drained; each new instance starts
+when all of its devices are free.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..messages import ContinueBlock, Evict
-
-
-@dataclass(slots=True)
-class Regroup:
-    """One regroup in progress: the instances it drains and when each drain began and ended."""
-    draining: set[int]
-    started_at: float
-    drained_at: dict[int, float] = field(default_factory=dict)
-    evicted: int = 0                      # blocks taken back before they started
-    migrated: int = 0                     # blocks re-dispatched away from a draining instance
 
 
 def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
@@ -88,59 +83,136 @@ def changes(current: Layout, target: Layout) -> tuple[set[int], dict[int, tuple[
     return stop, dict(zip(slots, new))
 
 
-async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
-    """Move `engine` (an AsyncEngine, mp backend, colocated) from its layout to `target` while it
-    serves: drain the instances that change, stop them, start the new ones, each serving once it
-    is ready. Returns what happened, with the time each drain and the whole regroup took."""
-    import asyncio
-    import time
-    sched, pool = engine.scheduler, engine.pool
-    stop, start = changes(engine.layout, target)
-    t0 = time.monotonic()
-    for w in stop:
-        sched.workers[w].planned = True
-    for w, msg in drain_messages(stop, sched.requests):
-        engine._send(w, msg)
-    drain_s: dict[int, float] = {}
-    deadline = t0 + timeout_s
-    while len(drain_s) < len(stop):
+def plan_layout(current: Layout, degrees: Sequence[int], active: dict[int, int], gpus_per_node: int) -> Layout:
+    """Stage 2 (policy/transition.py): which devices form the instances of these degrees, keeping
+    the current instances worth most (their devices plus `active` requests per slot, beta-weighted)
+    in aligned slots inside nodes of `gpus_per_node`. Falls back to the degrees packed in order
+    (largest first) when the layout does not split into such nodes."""
+    from ..policy.transition import plan_transition, slot_of
+    n = current.num_devices
+    counts: dict[int, int] = {}
+    for d in degrees:
+        counts[d] = counts.get(d, 0) + 1
+    try:
+        if n % gpus_per_node:
+            raise ValueError(f"{n} devices are not nodes of {gpus_per_node}")
+        slots = [(w, slot_of(devs, gpus_per_node)) for w, devs in enumerate(current.instances) if devs]
+        t = plan_transition([s for _, s in slots], counts, gpus_per_node, n // gpus_per_node,
+                            active=[active.get(w, 0) for w, _ in slots])
+    except ValueError:
+        return Layout.of_degrees(sorted(degrees, reverse=True))
+    return Layout(tuple(s.devices(gpus_per_node) for s in t.layout))
+
+
+@dataclass
+class Regroup:
+    """One regroup in progress, from `current` to `target` (front side, clock-free: every method
+    takes `now`). `stop`: slots whose instance drains and stops; `start`: slot -> devices of each
+    new instance. The driver sends `begin`'s messages, calls `poll_drained` as messages arrive,
+    stops each instance it returns (then `retired`), starts each slot `launchable` returns (after
+    `launching`), and calls `finish` once every new instance is ready."""
+    current: Layout
+    target: Layout
+    stop: set[int]
+    start: dict[int, tuple[int, ...]]
+    started_at: float
+    drained_at: dict[int, float] = field(default_factory=dict)
+    retired_at: dict[int, float] = field(default_factory=dict)
+    launched_at: dict[int, float] = field(default_factory=dict)
+    evicted_before: int = 0
+
+    @classmethod
+    def begin(cls, sched, current: Layout, target: Layout, now: float) -> tuple["Regroup", list]:
+        """Take the instances that change out of routing; returns the regroup and the
+        (worker, message) pairs that start their drains."""
+        stop, start = changes(current, target)
         for w in stop:
-            if w not in drain_s and is_drained(w, sched.requests):
-                drain_s[w] = time.monotonic() - t0
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reconfigure: instances {sorted(set(stop) - set(drain_s))} not drained in "
-                               f"{timeout_s:g} s")
-        await asyncio.sleep(0.01)
-    loop = asyncio.get_running_loop()
-    for w in sorted(stop):
-        await loop.run_in_executor(None, pool.retire, w)
+            sched.workers[w].planned = True
+        rg = cls(current, target, stop, start, now, evicted_before=sched.counters.blocks_evicted)
+        return rg, drain_messages(stop, sched.requests)
+
+    def poll_drained(self, sched, now: float) -> list[int]:
+        """Slots that have drained since the last call (in slot order); the driver stops them."""
+        out = [w for w in sorted(self.stop) if w not in self.drained_at and is_drained(w, sched.requests)]
+        for w in out:
+            self.drained_at[w] = now
+        return out
+
+    def retired(self, sched, w: int, now: float) -> None:
+        """The instance in slot w has stopped: its row leaves the layout, its step-time model goes."""
         sched.workers.retire(w)
         sched.load.forget(w)
-        engine.watchdog.reset(w)
-    for w, devs in sorted(start.items()):
-        if w == len(engine.roles):               # one more instance than slots so far
-            engine.roles.append("colocated")
-            engine.devices.append(())
+        self.retired_at[w] = now
+
+    def launchable(self) -> list[int]:
+        """New instances whose slot and devices are all free now (not yet launched)."""
+        busy = {g for w in self.stop if w not in self.retired_at for g in self.current.instances[w]}
+        return [w for w, devs in sorted(self.start.items()) if w not in self.launched_at
+                and not (w in self.stop and w not in self.retired_at) and not busy.intersection(devs)]
+
+    def launching(self, sched, w: int, now: float) -> None:
+        """A new instance starts in slot w (a new row when the layout has more instances): out of
+        routing until its WorkerReady."""
+        while len(sched.workers) <= w:
             sched.workers.add_slot("colocated", sched.workers[0].policy)
-        engine.devices[w] = tuple(engine.device_list[i] for i in devs)
         sched.workers.starting(w)
         sched.load.forget(w)
-        engine.watchdog.reset(w)
-        pool.start_instance(w)
-    while not all(sched.workers[w].ready for w in start):
-        if time.monotonic() > deadline + 120:
-            raise TimeoutError(f"reconfigure: new instances {sorted(start)} not ready")
-        await asyncio.sleep(0.02)
-    old = engine.layout.instances
+        self.launched_at[w] = now
 
-    def slot(w: int) -> tuple[int, ...]:
-        if w in start:
-            return start[w]
-        return old[w] if w < len(old) and w not in stop else ()
-    engine.layout = Layout(tuple(slot(w) for w in range(len(engine.roles))))
-    sched._retry_waiting()
-    sched.counters.reconfigurations += 1
-    sched.counters.drain_seconds += sum(drain_s.values())
-    return {"layout": engine.layout.degrees(), "stopped": sorted(stop), "started": sorted(start),
-            "drain_s": {w: round(s, 3) for w, s in sorted(drain_s.items())},
-            "regroup_s": round(time.monotonic() - t0, 3)}
+    def all_ready(self, sched) -> bool:
+        return len(self.launched_at) == len(self.start) and all(sched.workers[w].ready for w in self.start)
+
+    def finish(self, sched, now: float) -> tuple[Layout, dict]:
+        """Every new instance serves: the layout now, and what happened."""
+        old = self.current.instances
+        slots = max(len(old), max(self.start, default=-1) + 1)
+
+        def devices(w: int) -> tuple[int, ...]:
+            if w in self.start:
+                return self.start[w]
+            return old[w] if w < len(old) and w not in self.stop else ()
+        layout = Layout(tuple(devices(w) for w in range(slots)))
+        sched._retry_waiting()
+        drain_s = {w: t - self.started_at for w, t in sorted(self.drained_at.items())}
+        sched.counters.reconfigurations += 1
+        sched.counters.drain_seconds += sum(drain_s.values())
+        return layout, {"layout": layout.degrees(), "stopped": sorted(self.stop), "started": sorted(self.start),
+                        "drain_s": {w: round(s, 3) for w, s in drain_s.items()}, "regroup_s": round(now - self.started_at, 3),
+                        "blocks_evicted": sched.counters.blocks_evicted - self.evicted_before}
+
+
+async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
+    """Move `engine` (an AsyncEngine, mp backend, colocated) from its layout to `target` while it
+    serves: drain the instances that change, stop each once drained, start each new one once its
+    devices are free, each serving once it is ready. Returns what happened, with the time each
+    drain and the whole regroup took."""
+    import asyncio
+    import time
+    sched, pool, loop = engine.scheduler, engine.pool, asyncio.get_running_loop()
+    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic())
+    for w, msg in msgs:
+        engine._send(w, msg)
+    deadline = rg.started_at + timeout_s
+    while len(rg.launched_at) < len(rg.start) or len(rg.retired_at) < len(rg.stop):
+        for w in rg.poll_drained(sched, time.monotonic()):
+            await loop.run_in_executor(None, pool.retire, w)
+            rg.retired(sched, w, time.monotonic())
+            engine.watchdog.reset(w)
+        for w in rg.launchable():
+            while len(engine.roles) <= w:              # more instances than slots so far
+                engine.roles.append("colocated")
+                engine.devices.append(())
+            engine.devices[w] = tuple(engine.device_list[i] for i in rg.start[w])
+            rg.launching(sched, w, time.monotonic())
+            engine.watchdog.reset(w)
+            pool.start_instance(w)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reconfigure: instances {sorted(rg.stop - set(rg.drained_at))} not drained in "
+                               f"{timeout_s:g} s")
+        await asyncio.sleep(0.01)
+    while not rg.all_ready(sched):
+        if time.monotonic() > deadline + 120:
+            raise TimeoutError(f"reconfigure: new instances {sorted(rg.start)} not ready")
+        await asyncio.sleep(0.02)
+    engine.layout, result = rg.finish(sched, time.monotonic())
+    return result

@@ -13,6 +13,20 @@ each seated request by one forward, so a request is done in F_j iterations:
     C[d,j]  = max over 1 <= n <= seats_d with F_j t_d(n) <= slo_s of n / (F_j t_d(n))
               (0 when even n = 1 misses the SLO)
 
+The worker's deficit token budget (worker/admission.py) bounds the recompute tokens an iteration
+can take: on average at most max(tau_budget - n x row_tokens, credit_share x tau_budget), the
+credit the decodes leave (unused credit carries over, so this holds on average, not per
+iteration). A batch whose re-prefills need more, n R c / F_j > that, is not sustainable: its
+requests would wait for their re-prefills rather than step every iteration, so it is left out
+(`token_budget`; None: unlimited, as the admission). Without this bound the table priced batches
+of 48-64 requests at TP1 where the budget (1024 tokens, ~1800-token canvases) sustains 5, and
+came out 1.3-1.5x what the simulator completes (docs/reconfiguration.md).
+
+`canvas_tokens` is the canvas of a seated request, i.e. the mean canvas weighted by forwards
+(long requests are seated longer): E[F c] / E[F], which is what the mean over the requests live
+at any instant estimates. The plain mean per request underprices a heavy-tailed mix (ShareGPT-
+like lengths: 1453 tokens per request, 1779 per seated request).
+
 A fractional s is priced as the mix of iterations with floor(s) and ceil(s) canvases (for a linear
 step-time model that is exactly the model at s; for the roofline it keeps launch floors honest).
 Counting every seated request as a decode row, even on its recompute step, overstates an
@@ -48,17 +62,30 @@ def iteration_at(iteration_s: IterationTime, degree: int, batch: int, recompute_
     return t if frac <= 1e-12 else (1 - frac) * t + frac * at(low + 1)
 
 
+def recompute_allowance(batch: int, token_budget: int | None, credit_share: float, row_tokens: int) -> float:
+    """The recompute tokens per iteration the deficit budget admits on average beside `batch`
+    decode rows of `row_tokens` each (worker/admission.py: the credit earned per iteration)."""
+    if token_budget is None:
+        return float("inf")
+    return float(max(token_budget - batch * row_tokens, max(1, int(token_budget * credit_share))))
+
+
 def instance_capacity(iteration_s: IterationTime, degree: int, forwards_per_request: float,
                       recomputes_per_request: float, canvas_tokens: int, slo_s: float,
-                      seats: int) -> tuple[float, int]:
+                      seats: int, *, token_budget: int | None = None, credit_share: float = 0.125,
+                      row_tokens: int = 0) -> tuple[float, int]:
     """(C[d, j] in req/s, the batch that reaches it; 0 when none fits the SLO). Every batch size is
-    tried: with recompute steps the best need not be the largest batch that fits."""
+    tried: with recompute steps the best need not be the largest batch that fits; batches whose
+    re-prefills the token budget cannot feed are not sustainable and are skipped."""
     if forwards_per_request < max(1.0, recomputes_per_request):
         raise ValueError(f"forwards_per_request {forwards_per_request} < recomputes_per_request "
                          f"{recomputes_per_request} (or < 1)")
     best, best_batch = 0.0, 0
     for n in range(1, max(1, seats) + 1):
-        t = iteration_at(iteration_s, degree, n, n * recomputes_per_request / forwards_per_request, canvas_tokens)
+        share = n * recomputes_per_request / forwards_per_request
+        if n > 1 and share * canvas_tokens > recompute_allowance(n, token_budget, credit_share, row_tokens):
+            break                         # the allowance only shrinks and the need only grows with n
+        t = iteration_at(iteration_s, degree, n, share, canvas_tokens)
         if t <= 0:
             continue                      # no model there yet: nothing is known about this batch
         latency_s = forwards_per_request * t
@@ -71,11 +98,14 @@ def instance_capacity(iteration_s: IterationTime, degree: int, forwards_per_requ
 
 def capacity_table(degrees: Sequence[int], thresholds: Sequence[float], iteration_s: IterationTime,
                    forwards_per_request: Sequence[float], recomputes_per_request: float | Sequence[float],
-                   canvas_tokens: int, slo_s: float, seats: int | Mapping[int, int]) -> dict[tuple[int, float], float]:
+                   canvas_tokens: int, slo_s: float, seats: int | Mapping[int, int], *,
+                   token_budget: int | None = None, credit_share: float = 0.125,
+                   row_tokens: int = 0) -> dict[tuple[int, float], float]:
     """{(degree, threshold): req/s one instance sustains within `slo_s`} (formula in the module
     docstring). forwards_per_request[j] = F_j at thresholds[j]; recomputes_per_request = R (one
     for all thresholds, or one per threshold); seats: one for all degrees or {degree: seats_d}
-    (min(max_active_decodes, pool tokens / canvas), `roofline_seats`)."""
+    (min(max_active_decodes, pool tokens / canvas), `roofline_seats`); token_budget, credit_share:
+    the workers' admission policy, row_tokens: the tokens a decode row feeds (its block)."""
     if len(forwards_per_request) != len(thresholds):
         raise ValueError(f"{len(forwards_per_request)} forwards_per_request for {len(thresholds)} thresholds")
     recomputes = np.broadcast_to(np.asarray(recomputes_per_request, dtype=float), (len(thresholds),))
@@ -84,7 +114,8 @@ def capacity_table(degrees: Sequence[int], thresholds: Sequence[float], iteratio
         seats_d = seats[d] if isinstance(seats, Mapping) else seats
         for tau, forwards, r in zip(thresholds, forwards_per_request, recomputes):
             table[(d, tau)] = instance_capacity(iteration_s, d, float(forwards), float(r), canvas_tokens, slo_s,
-                                                seats_d)[0]
+                                                seats_d, token_budget=token_budget, credit_share=credit_share,
+                                                row_tokens=row_tokens)[0]
     return table
 
 

@@ -33,7 +33,7 @@ CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this o
 REVISE_INTERVAL_S = 0.2       # running and leased blocks are re-decided at most this often
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
 ARRIVAL_WINDOW_S = 5.0        # the arrival rate load control sees: admissions over this window
-OTHERS_REFRESH_S = 0.02       # the work ahead is re-read at most this often while the live set holds
+OTHERS_REFRESH_S = 0.02       # the work ahead is re-read at most this often (policy clock) while the live set holds
 
 
 class SLOPolicy(StaticPolicy):
@@ -61,6 +61,9 @@ class SLOPolicy(StaticPolicy):
         self.chosen: dict[str, int] = {}                             # candidate index of its latest decision
         self.new_work: np.ndarray | None = None                      # a new request's forwards per candidate (EWMA)
         self.blocks_per_request = 1.0                                # finished requests' blocks (EWMA)
+        self.block_forwards: dict[float, float] = {}                 # forwards per finished block, per threshold (EWMA)
+        self.finished = 0                                            # requests finished "stop"/"length"
+        self._fc = self._f = 0.0                                     # EWMAs of forwards x canvas and of forwards
         self.arrivals: collections.deque = collections.deque(maxlen=4096)   # admission times
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
         self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
@@ -101,13 +104,29 @@ class SLOPolicy(StaticPolicy):
                 self.errors["oneshot"].append(self.first_guess[rid] - total)
             for done, remaining in self.online_guess.get(rid, ()):
                 self.errors["online"].append(done + remaining - total)
-            blocks = len(output.stats.steps_per_block)
-            if blocks:
-                self.blocks_per_request = 0.95 * self.blocks_per_request + 0.05 * blocks
+            stats = output.stats
+            blocks = len(stats.steps_per_block)
+            if blocks:     # the first finished request replaces the prior of one block
+                self.blocks_per_request = blocks if not self.finished else \
+                    0.95 * self.blocks_per_request + 0.05 * blocks
+            if len(stats.block_policies) == blocks:   # what a block costs at each threshold, as run (the planner's)
+                for steps, pol in zip(stats.steps_per_block, stats.block_policies):
+                    old = self.block_forwards.get(pol.threshold)
+                    self.block_forwards[pol.threshold] = steps if old is None else 0.95 * old + 0.05 * steps
+            f, c = float(total), float(state.prompt_len + state.answer_len)
+            self._fc, self._f = (f * c, f) if not self.finished else (0.95 * self._fc + 0.05 * f * c,
+                                                                      0.95 * self._f + 0.05 * f)
+            self.finished += 1
         for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess,
                   self.work, self.recomputes, self.chosen):
             d.pop(rid, None)
         self._queue_version += 1
+
+    @property
+    def seated_canvas(self) -> float | None:
+        """The canvas of a seated request: finished requests' canvases weighted by their forwards
+        (a long request is seated longer; the capacity table's canvas). None before any finished."""
+        return self._fc / self._f if self._f > 0 else None
 
     # ---- decisions ----
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
@@ -234,8 +253,9 @@ class SLOPolicy(StaticPolicy):
         """Every live request's remaining work at its latest decision, per worker; one the router
         has not placed yet counts a 1/W share on each of the W workers. Rebuilt when the live set
         changes, else at most every OTHERS_REFRESH_S (a decision moves only its own request's
-        figures; the stale part is taken out with `own` and clipped)."""
-        now = time.perf_counter()
+        figures; the stale part is taken out with `own` and clipped). Timed by the policy's own
+        clock, so a simulation on a virtual clock decides the same however fast it runs."""
+        now = self.clock()
         key = (self._queue_version, tuple(workers))
         if self._others_cache is not None and self._others_cache[0] == key and \
                 now - self._others_cache[1] < OTHERS_REFRESH_S:

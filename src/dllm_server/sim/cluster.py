@@ -14,6 +14,10 @@ instance of degree d is one worker costed at degree d, sim/instances.py) and `pa
 each worker's WorkerReady carries its own page count, degree and, where the real engine profiles
 at start-up (SLO policy, routing by completion), its own profile, so the front's step-time model
 of each worker starts from that worker's speed.
+
+Live regroups (sim/regroup.py) replace a slot's worker: a retired worker's pending turns and
+messages are dropped (as WorkerPool drops a stale slot's batches), and a new one is built by
+`make_worker` (fresh WorkerCore, pool and cost model) and announces itself with its WorkerReady.
 """
 from __future__ import annotations
 
@@ -46,8 +50,8 @@ from .instances import startup_profile
 from .stepper import SimStepper
 from .transport import Fabric, SimTransport
 
-ARRIVE, TO_WORKER, TO_FRONT, TURN, WAKE = range(5)
-_LATER = (0, 0, 0, 1, 1)       # per kind: deliveries and arrivals before turns at the same instant
+ARRIVE, TO_WORKER, TO_FRONT, TURN, WAKE, RECONF, REGROUP_DONE = range(7)
+_LATER = (0, 0, 0, 1, 1, 1, 0)    # per kind: deliveries, arrivals and ready instances before turns and planning
 
 
 @dataclass(slots=True)
@@ -120,15 +124,16 @@ class _Sink:
 @dataclass(slots=True)
 class _Worker:
     wid: int
-    core: WorkerCore
+    core: WorkerCore | None
     transport: SimTransport | None
     cost: object
     min_turn_s: float
+    log: list
+    retired: bool = False             # a regroup stopped it: its events are dropped
     inbox: list = field(default_factory=list)
     num_iterations: int = 0
     busy_until: float = 0.0
     turn_pending: bool = False
-    log: list = field(default_factory=list)
 
 
 class _Unread(WorkerLoadModel):
@@ -176,27 +181,52 @@ class Simulator:
         self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
         handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
         self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
-        self.workers: list[_Worker] = []
-        lead = window_lead(logit_shift, config.dream_decoding)
+        self.handoffs, self.lead, self.wc = handoffs, window_lead(logit_shift, config.dream_decoding), wc
+        self.logs: dict[int, list] = {}                  # recorded iterations per slot (across regroups)
+        self.workers: list[_Worker | None] = []
         ready = []
         for wid, (c, num_pages) in enumerate(zip(costs, self.pages)):
-            wcw = wc if num_pages == wc.num_pages else dataclasses.replace(wc, num_pages=num_pages)
-            stepper = SimStepper(wc.cache, lead, behaviour, c, model.eos_id, self.fill_id)
-            pool = KVPool(0, num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
-            transport = SimTransport(wid, self.fabric) if handoffs else None
-            core = WorkerCore(wcw, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport) if handoffs
-                              else None, emit=partial(self._emit, wid))
-            stepper.core = core
-            self.workers.append(_Worker(wid, core, transport, c, max(c.idle_turn_s, 1e-6)))  # every turn moves time on
-            # as worker/main.py: a profile only where the config asks for one (worker/build.py startup_profile)
-            profile = startup_profile(c, wc.block_length, wc.cache, lead, model.max_len, num_pages, wc.page_size) \
-                if wc.profile else ()
-            ready.append(WorkerReady(wid, num_pages, wc.page_size, model, profile, tp_size=getattr(c, "tp", 1)))
+            w, msg = self.make_worker(wid, c, num_pages)
+            self.workers.append(w)
+            ready.append(msg)
         for msg in ready:
             self.scheduler.on_messages(msg.worker_id, [msg])
         self.results: dict[int, RequestResult] = {}
         self.entries: dict[int, Entry] = {}
         self.num_events = 0
+        self.arrivals_left = 0
+        self.regroup = None                              # a sim/regroup.py Reconfigurer, if one drives regroups
+
+    def make_worker(self, wid: int, c, num_pages: int) -> tuple[_Worker, WorkerReady]:
+        """A fresh worker for slot `wid` (its own WorkerCore, page pool and cost model) and the
+        WorkerReady it reports: pages, degree and, as worker/main.py, a profile only where the
+        config asks for one (worker/build.py startup_profile), timed by its cost model."""
+        wc, model = self.wc, self.model
+        wcw = wc if num_pages == wc.num_pages else dataclasses.replace(wc, num_pages=num_pages)
+        stepper = SimStepper(wc.cache, self.lead, self.behaviour, c, model.eos_id, self.fill_id)
+        pool = KVPool(0, num_pages, wc.page_size, 1, 1, torch.float32)   # page bookkeeping, no tensors
+        transport = SimTransport(wid, self.fabric) if self.handoffs else None
+        w = _Worker(wid, None, transport, c, max(c.idle_turn_s, 1e-6), self.logs.setdefault(wid, []))  # every turn moves time on
+        w.core = stepper.core = WorkerCore(wcw, stepper, pool, model.mask_id, WorkerHandoffs(wid, pool, transport)
+                                           if self.handoffs else None, emit=partial(self._emit, w))
+        profile = startup_profile(c, wc.block_length, wc.cache, self.lead, model.max_len, num_pages, wc.page_size) \
+            if wc.profile else ()
+        return w, WorkerReady(wid, num_pages, wc.page_size, model, profile, tp_size=getattr(c, "tp", 1))
+
+    def retire_worker(self, wid: int) -> None:
+        """A regroup stopped the instance in this slot: it serves nothing from now on."""
+        w = self.workers[wid]
+        if w is not None:
+            w.retired = True
+        self.workers[wid] = None
+
+    def install_worker(self, wid: int, c, num_pages: int) -> None:
+        """A regroup's new instance in slot `wid` is up: its WorkerReady goes to the front."""
+        while len(self.workers) <= wid:
+            self.workers.append(None)
+        w, msg = self.make_worker(wid, c, num_pages)
+        self.workers[wid] = w
+        self._push(self.now + self.latency_s, TO_FRONT, w, [msg])
 
     def clock(self) -> float:
         return self.now
@@ -217,10 +247,12 @@ class Simulator:
 
     # ---- the seams the real parts call ----
     def _send(self, wid: int, msg) -> None:
-        self._push(self.now + self.latency_s, TO_WORKER, wid, msg)
+        w = self.workers[wid] if wid < len(self.workers) else None
+        if w is not None:                                # no instance in the slot (a regroup): nothing to tell
+            self._push(self.now + self.latency_s, TO_WORKER, w, msg)
 
-    def _emit(self, wid: int, msgs: list) -> None:      # a worker's out-of-turn put (KVSent before its data)
-        self._push(self.now + self.latency_s, TO_FRONT, wid, list(msgs))
+    def _emit(self, w: _Worker, msgs: list) -> None:    # a worker's out-of-turn put (KVSent before its data)
+        self._push(self.now + self.latency_s, TO_FRONT, w, list(msgs))
 
     def _wake(self, wid: int, at: float) -> None:
         self._push(at, WAKE, wid)
@@ -230,6 +262,9 @@ class Simulator:
         t0 = time.perf_counter()
         for seq, req in enumerate(requests):
             self._push(req.arrival_s, ARRIVE, seq, req)
+        self.arrivals_left = len(requests)
+        if self.regroup is not None:
+            self.regroup.start()
         heap, pop = self._heap, heapq.heappop
         on_messages = self.scheduler.on_messages
         while heap:
@@ -239,24 +274,34 @@ class Simulator:
             self.now = at
             self.num_events += 1
             if kind == TO_FRONT:
-                on_messages(a, b)
+                if not a.retired:
+                    on_messages(a.wid, b)
+                    if self.regroup is not None and self.regroup.active is not None:
+                        self.regroup.poll()
             elif kind == TURN:
-                self._turn(self.workers[a])
+                if not a.retired:
+                    self._turn(a)
             elif kind == TO_WORKER:
-                w = self.workers[a]
-                w.inbox.append(b)
-                self._poke(w)
+                if not a.retired:
+                    a.inbox.append(b)
+                    self._poke(a)
             elif kind == WAKE:
-                self._poke(self.workers[a])
-            else:
+                if self.workers[a] is not None:
+                    self._poke(self.workers[a])
+            elif kind == ARRIVE:
+                self.arrivals_left -= 1
                 self._arrive(a, b)
+            elif kind == RECONF:
+                self.regroup.on_reconf(a)
+            else:
+                self.regroup.on_ready(a, b)
         for seq, entry in self.entries.items():           # never finished (cut short, or stuck)
             self.results[seq] = RequestResult(seq, entry.arrived_at, entry.state.prompt_len,
                                               entry.state.params.max_tokens, "unfinished",
                                               slo_ms=entry.state.sampling.slo_ms)
         done = [r.arrival_s + r.latency_s for r in self.results.values() if r.latency_s is not None]
         return SimResult([self.results[i] for i in sorted(self.results)],
-                         {w.wid: w.log for w in self.workers} if self.record else {},
+                         {wid: log for wid, log in self.logs.items()} if self.record else {},
                          max(done, default=0.0) - min((r.arrival_s for r in requests), default=0.0),
                          time.perf_counter() - t0, self.num_events, self.scheduler.counters, len(self.entries))
 
@@ -290,7 +335,7 @@ class Simulator:
     def _poke(self, w: _Worker) -> None:
         if not w.turn_pending:
             w.turn_pending = True
-            self._push(max(self.now, w.busy_until), TURN, w.wid)
+            self._push(max(self.now, w.busy_until), TURN, w)
 
     def _turn(self, w: _Worker) -> None:
         w.turn_pending = False
@@ -309,7 +354,7 @@ class Simulator:
             w.transport.flush(self.now + last.forward_s)   # streamed groups of this forward: data ready at its end
         end = w.busy_until = self.now + took[0]
         if out:
-            self._push(end + self.latency_s, TO_FRONT, w.wid, out)
+            self._push(end + self.latency_s, TO_FRONT, w, out)
         fed = took[1] and last.num_prefills + last.num_decodes
         if self.record and fed:
             w.log.append((self.now, took[0], last.num_prefills, last.prefill_tokens, last.decode_tokens,

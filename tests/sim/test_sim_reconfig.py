@@ -1,0 +1,81 @@
+"""The server's reconfiguration planner on the simulator's virtual clock (sim/regroup.py): the same
+engine/planning.decide, engine/reconfig.Regroup and policy code, only the forward and transport
+simulated. A rate change regroups, a steady rate does not, nothing is lost, and two runs decide
+the same."""
+import numpy as np
+import pytest
+
+from dllm_server.config import ServerConfig
+from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, SimRequest, positions_per_forward
+from dllm_server.sim.gpu_cost import MODELS, gpu_cost
+from dllm_server.sim.instances import unloaded_latency_s, with_slos
+from dllm_server.sim.regroup import Reconfigurer, layout_simulator
+
+LLADA = MODELS["llada-8b"]
+COSTS: dict = {}
+START = (1, 1, 1, 1)
+
+
+def cost_for(d: int):
+    if d not in COSTS:
+        COSTS[d] = gpu_cost("llada-8b", "h100", block_length=32, tp=d)
+    return COSTS[d]
+
+
+def trace(phases, seed=0):
+    """Poisson arrivals over (duration_s, rate) phases, short ShareGPT-ish lengths, SLO 3 x the
+    unloaded TP4 latency at 0.95."""
+    rng, out, t0 = np.random.default_rng(seed), [], 0.0
+    for dur, rate in phases:
+        t = t0 + rng.exponential(1 / rate)
+        while t < t0 + dur:
+            out.append(SimRequest(float(t), int(rng.integers(600, 1400)), int(rng.integers(200, 500))))
+            t += rng.exponential(1 / rate)
+        t0 += dur
+    ppf = positions_per_forward(POSITIONS_PER_FORWARD["llada-8b"], 0.95)
+    return with_slos(out, [3 * unloaded_latency_s(cost_for(4), r.prompt_len, r.max_tokens, 32, ppf) for r in out])
+
+
+def run(requests, start):
+    config = ServerConfig(block_length=32, threshold=0.9, threshold_policy="slo", slo_thresholds="0.95,0.9,0.8,0.7",
+                          quality_floor=0.7, load_control=True, routing="completion", token_budget=1024,
+                          max_waiting_requests=1 << 20, reconfigure_period_s=10.0)
+    sim = layout_simulator(start, cost_for, config)
+    rc = Reconfigurer(sim, cost_for, 2.0, (LLADA.heads, LLADA.kv_heads), gpus_per_node=4)
+    return sim.run(requests), rc
+
+
+def decisions(rc):
+    return [(t, d.get("regroup"), d.get("target"), round(d.get("rate", 0.0), 9)) for t, d in rc.decisions]
+
+
+@pytest.fixture(scope="module")
+def burst():
+    """4 devices from 4 x TP1: a light phase, then one they cannot carry."""
+    reqs = trace([(30.0, 0.3), (40.0, 8.0)])
+    return reqs, run(reqs, START)
+
+
+def test_a_rate_change_regroups_and_loses_nothing(burst):
+    reqs, (res, rc) = burst
+    assert rc.records, decisions(rc)
+    first = rc.records[0]
+    assert first.began_s >= 30.0 and first.source == [1, 1, 1, 1] and first.target != [1, 1, 1, 1]
+    assert not any(d["regroup"] for t, d in rc.decisions if t <= 30.0)     # the light phase keeps its layout
+    assert rc.active is None and res.unfinished == 0
+    assert len(res.requests) == len(reqs)
+    assert all(r.finish_reason in ("stop", "length") for r in res.requests)
+    assert res.counters.reconfigurations == len(rc.records)
+
+
+def test_two_runs_decide_the_same(burst):
+    reqs, (res, rc) = burst
+    res2, rc2 = run(reqs, START)
+    assert decisions(rc2) == decisions(rc)
+    assert [r.latency_s for r in res2.requests] == [r.latency_s for r in res.requests]
+
+
+def test_a_steady_rate_does_not_regroup():
+    res, rc = run(trace([(60.0, 0.3)], seed=1), START)
+    assert len(rc.decisions) >= 5 and not rc.records, decisions(rc)
+    assert res.unfinished == 0
