@@ -43,6 +43,17 @@ def test_capacity_table_hand_case():
         instance_capacity(linear_iteration, 1, 2, 3, 100, 1.0, 4)              # fewer forwards than recomputes
 
 
+def test_the_token_budget_bounds_the_batch():
+    # F = 10, R = 2, canvas 100: n seated need 0.2 n x 100 = 20 n recompute tokens an iteration;
+    # tau = 200 with 10-token rows leaves max(200 - 10 n, 25): n = 6 needs 120 <= 140, n = 7 140 > 130
+    free = instance_capacity(linear_iteration, 1, 10, 2, 100, 1.0, 32)
+    rate, batch = instance_capacity(linear_iteration, 1, 10, 2, 100, 1.0, 32, token_budget=200, credit_share=0.125,
+                                    row_tokens=10)
+    assert free[1] > 6 and batch == 6 and rate == pytest.approx(6 / (10 * iteration_at(linear_iteration, 1, 6, 1.2, 100)))
+    # batch 1 is always allowed (the idle rule admits the head prefill whatever the budget)
+    assert instance_capacity(linear_iteration, 1, 10, 2, 100, 1.0, 32, token_budget=1, row_tokens=10)[1] == 1
+
+
 @functools.lru_cache(maxsize=1)
 def roofline():
     from dllm_server.sim.gpu_cost import gpu_cost
