@@ -106,7 +106,9 @@ def main() -> None:
           f"{statistics.median(r.slo_ms for r in requests) / 1e3:.2f} s); threshold_policy slo, ladder {LADDER}, "
           f"floor 0.7, load control on, routing completion, tau 1024, block {BLOCK}, seed {a.seed}. Reconfiguration: "
           f"starts as {layout_name(layout_degrees({a.start: a.devices // a.start}))}, planner every {a.period_s:g} s "
-          f"(min gain {config.reconfigure_min_gain:g}), ASSUMED restart {a.restart_s:g} s per regrouped instance\n")
+          f"(min gain {config.reconfigure_min_gain:g}, waves of <= {config.reconfigure_wave_share:g} of the devices, "
+          f"prior serial share {config.reconfigure_prior_serial_share:g}), ASSUMED restart {a.restart_s:g} s per "
+          f"regrouped instance\n")
     runs = [(layout_name(layout_degrees({d: a.devices // d})), layout_degrees({d: a.devices // d}), False)
             for d in (1, 2, 4)]
     runs.append(("ILP reconfiguration", layout_degrees({a.start: a.devices // a.start}), True))
@@ -131,7 +133,9 @@ def main() -> None:
     print("\nreconfiguration: layouts (since s: degrees) " + ", ".join(
         f"{t:.0f}: {layout_name(d)}" for t, d in rc["reconfig"]["layouts"])
         + "; longest drain per regroup " + ", ".join(f"{max(x['drain_s'].values(), default=0):.2f}" for x in rc["records"])
-        + f" s; "
+        + " s; waves " + ", ".join(str(x.get("waves", 1)) for x in rc["records"])
+        + "; most devices out at once " + ", ".join(str(x.get("peak_out_devices", 0)) for x in rc["records"])
+        + f"; "
         f"GPU-s draining {rc['reconfig']['drain_gpu_s']:.0f}, idle {rc['reconfig']['idle_gpu_s']:.0f}; blocks evicted "
         f"{rc['reconfig']['blocks_evicted']}; planner decisions {rc['reconfig']['decisions']}")
     for t, d in rc["decisions"]:

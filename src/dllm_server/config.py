@@ -109,6 +109,15 @@ class ServerConfig:
     reconfigure_period_s: float = _f(60.0, "how often the reconfiguration planner decides (bursts shorter than "
                                      "this are load control's)")
     reconfigure_min_gain: float = _f(0.02, "the least gain in mean threshold a regroup must bring (hysteresis)")
+    reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out of service at "
+                                       "once: it runs in waves, the next draining when the previous wave's new "
+                                       "instances serve (an instance that must be formed whole may exceed it; 1: "
+                                       "all at once)")
+    reconfigure_prior_serial_share: float = _f(0.4, "the planner's prior for a degree no instance has run: the "
+                                               "share s of a degree-1 step that tensor parallelism does not "
+                                               "shorten, speed-up 1 / (s + (1 - s) / d) (0.4 fits the roofline TP "
+                                               "cost model's batch-32 speed-ups 1.4 / 1.8 / 2.1 at TP2 / 4 / 8; 0: "
+                                               "the linear 1/d)")
     tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
                                    "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
                                    "heads and MLP rows; must divide the model's attention and KV heads; colocated "
@@ -219,6 +228,10 @@ class ServerConfig:
             bad("reconfigure_period_s", f"must be > 0, got {self.reconfigure_period_s}")
         if not 0 <= self.reconfigure_min_gain < 1:
             bad("reconfigure_min_gain", f"must be in [0, 1), got {self.reconfigure_min_gain}")
+        if not 0 < self.reconfigure_wave_share <= 1:
+            bad("reconfigure_wave_share", f"must be in (0, 1], got {self.reconfigure_wave_share}")
+        if not 0 <= self.reconfigure_prior_serial_share < 1:
+            bad("reconfigure_prior_serial_share", f"must be in [0, 1), got {self.reconfigure_prior_serial_share}")
         if self.tensor_parallel_size > 1 and self.placement != "colocated":
             bad("tensor_parallel_size", f"{self.tensor_parallel_size} with {self.placement} placement is not supported "
                 "yet (its KV handoff moves whole-model pages between single-process workers): use colocated "

@@ -13,7 +13,7 @@ from dllm_server.sim.regroup import Reconfigurer, layout_simulator
 
 LLADA = MODELS["llada-8b"]
 COSTS: dict = {}
-START = (1, 1, 1, 1)
+START = (2, 2)
 
 
 def cost_for(d: int):
@@ -51,7 +51,8 @@ def decisions(rc):
 
 @pytest.fixture(scope="module")
 def burst():
-    """4 devices from 4 x TP1: a light phase, then one they cannot carry."""
+    """4 devices from 2 x TP2: a light phase, then one they cannot carry (the planner's prior, and
+    then the measurement, price TP1 highest per device: 4 x TP1 serves the most)."""
     reqs = trace([(30.0, 0.3), (40.0, 8.0)])
     return reqs, run(reqs, START)
 
@@ -60,7 +61,9 @@ def test_a_rate_change_regroups_and_loses_nothing(burst):
     reqs, (res, rc) = burst
     assert rc.records, decisions(rc)
     first = rc.records[0]
-    assert first.began_s >= 30.0 and first.source == [1, 1, 1, 1] and first.target != [1, 1, 1, 1]
+    assert first.began_s >= 30.0 and first.source == [2, 2] and first.target == [1, 1, 1, 1]
+    assert first.waves == 2            # half the devices at a time (reconfigure_wave_share 0.5): a TP2 always serves
+    assert first.peak_out_devices == 2 and first.idle_gpu_s == pytest.approx(4 * 2.0, abs=0.1)   # 4 restarts, 2 at once
     assert not any(d["regroup"] for t, d in rc.decisions if t <= 30.0)     # the light phase keeps its layout
     assert rc.active is None and res.unfinished == 0
     assert len(res.requests) == len(reqs)

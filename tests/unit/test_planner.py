@@ -300,3 +300,57 @@ def test_forecast_rate():
     assert forecast_rate(burst, 60.0, 60.0) == pytest.approx(2 + 0.9 * 20)        # p90 of 12 windows does not
     assert forecast_rate([], 60.0, 60.0) == 0.0
     assert forecast_rate(steady, 60.0, 3.0, window_s=5.0) == pytest.approx(2.0)   # one window: the mean
+
+
+# ---- the regroup's waves and the prior for unmeasured degrees (engine/) ----
+def test_waves_bound_the_devices_out_of_service():
+    from dllm_server.engine.reconfig import Layout, changes, plan_waves
+    cur, tgt = Layout.of_degrees([2] * 8), Layout.of_degrees([8, 8])
+    stop, start = changes(cur, tgt)
+    assert plan_waves(cur, stop, start) == [(stop, start)]                 # one wave: changes' own slots
+    waves = plan_waves(cur, stop, start, max_devices=8)                    # 16 devices, half at a time
+    assert [(olds, news) for olds, news in waves] == [({0, 1, 2, 3}, {0: tuple(range(8))}),
+                                                      ({4, 5, 6, 7}, {1: tuple(range(8, 16))})]
+    cur, tgt = Layout.of_degrees([1] * 8), Layout.of_degrees([4, 2, 1, 1])  # the TP1s on 6 and 7 are kept
+    stop, start = changes(cur, tgt)
+    for cap in (1, 2, 3, 4, 5, 8):
+        waves = plan_waves(cur, stop, start, cap)
+        assert set().union(*(o for o, _ in waves)) == stop
+        assert sorted(d for _, n in waves for d in n.values()) == sorted(start.values())
+        # a wave is a whole group (a new instance with the old ones it takes devices from) and no
+        # larger than the cap unless one group is
+        for olds, news in waves:
+            devs = {g for w in olds for g in cur.instances[w]} | {g for n in news.values() for g in n}
+            assert len(devs) <= max(cap, 4)
+            assert {g for n in news.values() for g in n} <= {g for w in olds for g in cur.instances[w]}
+        slots = [w for _, n in waves for w in n]
+        assert len(slots) == len(set(slots))                               # each slot once
+        seen: set = set()
+        for olds, news in waves:                  # a new instance never takes a slot a later wave frees
+            seen |= olds
+            assert all(w in seen or w >= len(cur.instances) for w in news)
+
+
+def test_the_prior_speedup_is_sublinear_and_measured_degrees_keep_their_model():
+    from types import SimpleNamespace
+
+    from dllm_server.engine.planning import degree_models, tp_speedup
+    assert tp_speedup(1, 0.4) == 1.0 and tp_speedup(8, 0.0) == 8.0
+    assert [round(tp_speedup(d, 0.4), 2) for d in (2, 4, 8)] == [1.43, 1.82, 2.11]   # cluster_level.md 6.2's batch-32 row
+
+    class Model:
+        ready = True
+
+        def __init__(self, s):
+            self.s = s
+
+        def predict(self, x):
+            return self.s
+    load = SimpleNamespace(models={0: Model(0.02)})                      # one TP2 instance measured, 20 ms
+    measured: dict = {}
+    m = degree_models(load, {0: 2}, [1, 2, 4, 8], measured, serial_share=0.4)
+    assert m[2].predict(None) == 0.02 and measured == {2: load.models[0]}
+    assert m[1].predict(None) == pytest.approx(0.02 * tp_speedup(2, 0.4))
+    assert m[8].predict(None) == pytest.approx(0.02 * tp_speedup(2, 0.4) / tp_speedup(8, 0.4))
+    load.models = {}                                                     # TP2 gone: its model stays
+    assert degree_models(load, {}, [2], measured, 0.4)[2].predict(None) == 0.02

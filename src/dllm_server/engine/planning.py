@@ -5,10 +5,13 @@ maximises the mean threshold, compares it with the current layout's own value (h
 policy/planner.should_regroup, so a steady load never regroups), and returns the degrees to
 regroup into, or None. Bursts shorter than a period are load control's (policy/slo.py).
 
-Degrees no instance runs yet are priced from the measured degree-1 model scaled by 1/d, a prior
-(on a GPU the all-reduces make it optimistic; a degree measured once is priced by its own model
-from then on: PlannerState keeps the latest fitted model of every degree that ran). Every
-decision, taken or not, is logged and kept for /metrics.
+Degrees no instance runs yet are priced from a measured model scaled by a sub-linear speed-up,
+a named prior (`tp_speedup`: Amdahl's law with the share `reconfigure_prior_serial_share` of a
+degree-1 step that TP does not shorten: all-reduces, the replicated head and sampling, the host;
+the linear 1/d of the first version priced TP8 at 1.8x what it measured in the simulator). A
+degree measured once is priced by its own model from then on: PlannerState keeps the latest
+fitted model of every degree that ran. Every decision, taken or not, is logged and kept for
+/metrics.
 
 The table's inputs, from the policy: forwards per request at each threshold from the blocks that
 ran at it (`planning_forwards`), the canvas of a seated request (SLOPolicy.seated_canvas: finished requests'
@@ -49,19 +52,27 @@ class PlannerState:
     measured: dict = field(default_factory=dict)  # degree -> the latest fitted step-time model of one that ran
 
 
+def tp_speedup(degree: int, serial_share: float) -> float:
+    """The prior's step-time speed-up of degree d over degree 1: 1 / (s + (1 - s) / d) (Amdahl, s
+    the share of a step TP does not shorten; s = 0 is the linear d)."""
+    return 1.0 / (serial_share + (1.0 - serial_share) / degree)
+
+
 def degree_models(load, instances: dict[int, int], degrees: list[int],
-                  measured: dict[int, object] | None = None) -> dict[int, object] | None:
+                  measured: dict[int, object] | None = None, serial_share: float = 0.0) -> dict[int, object] | None:
     """{degree: step-time model}: a live instance's own where one runs that degree, else the one
-    last measured at that degree (`measured`, updated here), else the degree-1 prior. None before
-    any instance has a fitted model."""
+    last measured at that degree (`measured`, updated here), else the prior: the degree-1 model
+    (measured, or the lowest measured degree's scaled to degree 1) sped up by tp_speedup(d,
+    serial_share). None before any instance has a fitted model."""
     live = {d: load.models[w] for w, d in sorted(instances.items()) if w in load.models and load.models[w].ready}
     if measured is not None:
         measured.update(live)
     fitted = {**(measured or {}), **live}
-    base = fitted.get(1) or next((ScaledModel(m, 1.0 / d) for d, m in sorted(fitted.items())), None)
+    base = fitted.get(1) or next((ScaledModel(m, 1.0 / tp_speedup(d, serial_share))
+                                  for d, m in sorted(fitted.items())), None)
     if base is None:
         return None
-    return {d: fitted.get(d) or ScaledModel(base, float(d)) for d in degrees}
+    return {d: fitted.get(d) or ScaledModel(base, tp_speedup(d, serial_share)) for d in degrees}
 
 
 def planning_forwards(taus: list[float], new_work, block_forwards: dict[float, float],
@@ -87,7 +98,7 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
     """The degrees to regroup into, or None (and why, in state.last)."""
     degrees = [d for d in (1, 2, 4, 8) if d <= num_devices and tp_degree_error(d, *heads) is None]
     taus = list(policy.candidates)
-    models = degree_models(load, instances, degrees, state.measured)
+    models = degree_models(load, instances, degrees, state.measured, config.reconfigure_prior_serial_share)
     new_work = policy.new_work
     state.decisions += 1
     if models is None or new_work is None or not arrivals:

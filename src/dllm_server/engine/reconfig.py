@@ -83,6 +83,52 @@ def changes(current: Layout, target: Layout) -> tuple[set[int], dict[int, tuple[
     return stop, dict(zip(slots, new))
 
 
+def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]],
+               max_devices: int | None = None) -> list[tuple[set[int], dict[int, tuple[int, ...]]]]:
+    """A regroup in waves: [(slots that stop, slot -> devices of each instance that starts)], each
+    wave out of service while the previous ones' new instances serve. The unit is a group: a new
+    instance with every old one it takes devices from, transitively (they cannot move apart);
+    groups go in device order into waves of at most `max_devices` devices (None: one wave; a
+    group larger than that is a wave of its own). Each wave's new instances take its own stopped
+    slots first, then slots that had no instance, then slots past the layout, in order, so no
+    new instance waits for a slot a later wave frees. One wave gives `changes`' slots."""
+    owner = {g: w for w in stop for g in current.instances[w]}
+    groups: list[tuple[set[int], list[tuple[int, ...]]]] = []
+    for devs in (start[w] for w in sorted(start)):
+        olds = {owner[g] for g in devs if g in owner}
+        hit = [g for g in groups if g[0] & olds]
+        merged = (olds.union(*(g[0] for g in hit)), [n for g in hit for n in g[1]] + [devs])
+        groups = [g for g in groups if g not in hit] + [merged]
+    covered = set().union(*(g[0] for g in groups)) if groups else set()
+    groups += [({w}, []) for w in sorted(stop - covered)]
+
+    def devices(g) -> set[int]:
+        return {d for w in g[0] for d in current.instances[w]} | {d for n in g[1] for d in n}
+    groups.sort(key=lambda g: min(devices(g), default=0))
+    cap = max_devices if max_devices is not None else current.num_devices + sum(map(len, start.values()))
+    waves: list[tuple[set[int], list]] = []
+    size = 0
+    for g in groups:
+        n = len(devices(g))
+        if not waves or size + n > cap:
+            waves.append((set(), []))
+            size = 0
+        waves[-1][0].update(g[0])
+        waves[-1][1].extend(g[1])
+        size += n
+    free = [w for w, devs in enumerate(current.instances) if not devs]       # slots with no instance
+    fresh, rank = len(current.instances), {start[w]: k for k, w in enumerate(sorted(start))}
+    out = []
+    for olds, news in waves:
+        pool = sorted(set(free) | olds)
+        while len(pool) < len(news):
+            pool.append(fresh)
+            fresh += 1
+        out.append((olds, dict(zip(pool, sorted(news, key=rank.get)))))
+        free = pool[len(news):]
+    return out
+
+
 def plan_layout(current: Layout, degrees: Sequence[int], active: dict[int, int], gpus_per_node: int) -> Layout:
     """Stage 2 (policy/transition.py): which devices form the instances of these degrees, keeping
     the current instances worth most (their devices plus `active` requests per slot, beta-weighted)
@@ -108,9 +154,12 @@ def plan_layout(current: Layout, degrees: Sequence[int], active: dict[int, int],
 class Regroup:
     """One regroup in progress, from `current` to `target` (front side, clock-free: every method
     takes `now`). `stop`: slots whose instance drains and stops; `start`: slot -> devices of each
-    new instance. The driver sends `begin`'s messages, calls `poll_drained` as messages arrive,
-    stops each instance it returns (then `retired`), starts each slot `launchable` returns (after
-    `launching`), and calls `finish` once every new instance is ready."""
+    new instance. It runs in `waves` (plan_waves: the stopping slots of each, their new
+    instances in `start`); only the current wave drains. The driver sends `begin`'s messages,
+    calls `poll_drained` as messages arrive, stops each instance it returns (then `retired`),
+    starts each slot `launchable` returns (after `launching`), sends `next_wave`'s messages (the
+    next wave's drain, once the current wave's new instances serve), and calls `finish` once every
+    new instance is ready."""
     current: Layout
     target: Layout
     stop: set[int]
@@ -120,20 +169,45 @@ class Regroup:
     retired_at: dict[int, float] = field(default_factory=dict)
     launched_at: dict[int, float] = field(default_factory=dict)
     evicted_before: int = 0
+    waves: list[tuple[set[int], set[int]]] = field(default_factory=list)   # (slots stopping, slots starting)
+    wave: int = 0
+    wave_began_at: list[float] = field(default_factory=list)
 
     @classmethod
-    def begin(cls, sched, current: Layout, target: Layout, now: float) -> tuple["Regroup", list]:
-        """Take the instances that change out of routing; returns the regroup and the
-        (worker, message) pairs that start their drains."""
+    def begin(cls, sched, current: Layout, target: Layout, now: float,
+              max_wave_devices: int | None = None) -> tuple["Regroup", list]:
+        """Take the first wave's instances out of routing; returns the regroup and the (worker,
+        message) pairs that start their drains."""
         stop, start = changes(current, target)
-        for w in stop:
+        waves = plan_waves(current, stop, start, max_wave_devices)
+        start = {w: devs for _, news in waves for w, devs in news.items()}
+        rg = cls(current, target, stop, start, now, evicted_before=sched.counters.blocks_evicted,
+                 waves=[(olds, set(news)) for olds, news in waves] or [(set(), set())])
+        return rg, rg._drain(sched, now)
+
+    def _drain(self, sched, now: float) -> list:
+        olds = self.waves[self.wave][0]
+        for w in olds:
             sched.workers[w].planned = True
-        rg = cls(current, target, stop, start, now, evicted_before=sched.counters.blocks_evicted)
-        return rg, drain_messages(stop, sched.requests)
+        self.wave_began_at.append(now)
+        return drain_messages(olds, sched.requests)
+
+    def next_wave(self, sched, now: float) -> list:
+        """Once the current wave's new instances all serve, the next wave's drain messages
+        (nothing while it is not time, or after the last wave)."""
+        news = self.waves[self.wave][1]
+        if self.wave + 1 >= len(self.waves) or not all(w in self.launched_at and sched.workers[w].ready for w in news):
+            return []
+        self.wave += 1
+        return self._drain(sched, now)
+
+    def wave_of(self, w: int) -> int:
+        return next(k for k, (olds, news) in enumerate(self.waves) if w in olds or w in news)
 
     def poll_drained(self, sched, now: float) -> list[int]:
         """Slots that have drained since the last call (in slot order); the driver stops them."""
-        out = [w for w in sorted(self.stop) if w not in self.drained_at and is_drained(w, sched.requests)]
+        out = [w for w in sorted(self.stop) if w not in self.drained_at and self.wave_of(w) <= self.wave
+               and is_drained(w, sched.requests)]
         for w in out:
             self.drained_at[w] = now
         return out
@@ -148,7 +222,7 @@ class Regroup:
         """New instances whose slot and devices are all free now (not yet launched)."""
         busy = {g for w in self.stop if w not in self.retired_at for g in self.current.instances[w]}
         return [w for w, devs in sorted(self.start.items()) if w not in self.launched_at
-                and not (w in self.stop and w not in self.retired_at) and not busy.intersection(devs)]
+                and self.wave_of(w) <= self.wave and not (w in self.stop and w not in self.retired_at) and not busy.intersection(devs)]
 
     def launching(self, sched, w: int, now: float) -> None:
         """A new instance starts in slot w (a new row when the layout has more instances): out of
@@ -173,12 +247,13 @@ class Regroup:
             return old[w] if w < len(old) and w not in self.stop else ()
         layout = Layout(tuple(devices(w) for w in range(slots)))
         sched._retry_waiting()
-        drain_s = {w: t - self.started_at for w, t in sorted(self.drained_at.items())}
+        drain_s = {w: t - self.wave_began_at[self.wave_of(w)] for w, t in sorted(self.drained_at.items())}
         sched.counters.reconfigurations += 1
         sched.counters.drain_seconds += sum(drain_s.values())
         return layout, {"layout": layout.degrees(), "stopped": sorted(self.stop), "started": sorted(self.start),
                         "drain_s": {w: round(s, 3) for w, s in drain_s.items()}, "regroup_s": round(now - self.started_at, 3),
-                        "blocks_evicted": sched.counters.blocks_evicted - self.evicted_before}
+                        "blocks_evicted": sched.counters.blocks_evicted - self.evicted_before,
+                        "waves": len(self.waves)}
 
 
 async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
@@ -189,7 +264,9 @@ async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
     import asyncio
     import time
     sched, pool, loop = engine.scheduler, engine.pool, asyncio.get_running_loop()
-    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic())
+    share = engine.config.reconfigure_wave_share
+    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic(),
+                             max(1, int(share * len(engine.device_list))))
     for w, msg in msgs:
         engine._send(w, msg)
     deadline = rg.started_at + timeout_s
@@ -206,6 +283,8 @@ async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
             rg.launching(sched, w, time.monotonic())
             engine.watchdog.reset(w)
             pool.start_instance(w)
+        for w, msg in rg.next_wave(sched, time.monotonic()):
+            engine._send(w, msg)
         if time.monotonic() > deadline:
             raise TimeoutError(f"reconfigure: instances {sorted(rg.stop - set(rg.drained_at))} not drained in "
                                f"{timeout_s:g} s")

@@ -12,6 +12,7 @@ the regroup's cost, counted here in GPU-seconds with the drains'.
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 
 from ..engine.planning import PlannerState, decide
@@ -51,6 +52,8 @@ class RegroupRecord:
     drain_gpu_s: float = 0.0          # devices held by draining instances (serving only their last blocks)
     idle_gpu_s: float = 0.0           # devices between a drain's end and their new instance's ready
     blocks_evicted: int = 0
+    waves: int = 1
+    peak_out_devices: int = 0         # the most devices serving nothing at one time (stopped, not ready again)
 
 
 class Reconfigurer:
@@ -109,7 +112,8 @@ class Reconfigurer:
         sched = sim.scheduler
         active = collections.Counter(e.worker for e in sched.requests if e.worker is not None)
         target = plan_layout(self.layout, degrees, active, self.gpus_per_node)
-        self.active, msgs = Regroup.begin(sched, self.layout, target, sim.now)
+        share = sim.config.reconfigure_wave_share
+        self.active, msgs = Regroup.begin(sched, self.layout, target, sim.now, max(1, int(share * self.num_devices)))
         self.ready_at: dict[int, float] = {}
         self.record = RegroupRecord(sim.now, self.layout.degrees(), target.degrees(), why)
         for w, msg in msgs:
@@ -121,20 +125,30 @@ class Reconfigurer:
         can start, finish when every new instance serves."""
         rg, sim, rec = self.active, self.sim, self.record
         sched = sim.scheduler
-        for w in rg.poll_drained(sched, sim.now):
-            sim.retire_worker(w)
-            rg.retired(sched, w, sim.now)
-            rec.drain_s[w] = sim.now - rg.started_at
-            rec.drain_gpu_s += len(rg.current.instances[w]) * (sim.now - rg.started_at)
         from .cluster import REGROUP_DONE
-        for w in rg.launchable():
-            rg.launching(sched, w, sim.now)
-            sim._push(sim.now + self.regroup_s, REGROUP_DONE, w, len(rg.start[w]))
+        msgs = [None]
+        while msgs:                      # a wave that drains at once lets the next one begin
+            for w in rg.poll_drained(sched, sim.now):
+                sim.retire_worker(w)
+                rg.retired(sched, w, sim.now)
+                began = rg.wave_began_at[rg.wave_of(w)]
+                rec.drain_s[w] = sim.now - began
+                rec.drain_gpu_s += len(rg.current.instances[w]) * (sim.now - began)
+            for w in rg.launchable():
+                rg.launching(sched, w, sim.now)
+                sim._push(sim.now + self.regroup_s, REGROUP_DONE, w, len(rg.start[w]))
+            msgs = rg.next_wave(sched, sim.now)
+            for w, msg in msgs:
+                sim._send(w, msg)
         if len(rg.launched_at) == len(rg.start) and rg.all_ready(sched):
             self.layout, result = rg.finish(sched, sim.now)
             # each device idles from its old instance's stop (the regroup's start if it had none)
             # to its new instance's ready; a device no new instance uses idles to the end
             freed = {g: rg.retired_at[v] for v in rg.stop for g in rg.current.instances[v]}
+            rec.waves = len(rg.waves)
+            spans = [(freed.get(g, rg.started_at), self.ready_at[w]) for w, devs in rg.start.items() for g in devs]
+            steps = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+            rec.peak_out_devices = max(itertools.accumulate(k for _, k in steps), default=0)
             used = {g for devs in rg.start.values() for g in devs}
             rec.idle_gpu_s = sum(self.ready_at[w] - freed.get(g, rg.started_at) for w, devs in rg.start.items()
                                  for g in devs) + sum(sim.now - t for g, t in freed.items() if g not in used)
