@@ -7,7 +7,6 @@ Never touches model tensors; the scheduler owns all request state."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import time
@@ -173,9 +172,8 @@ class AsyncEngine:
         if self._regroup_lock.locked():
             raise RuntimeError("reconfigure: a regroup is already running")
         async with self._regroup_lock:
-            active = collections.Counter(e.worker for e in self.scheduler.requests if e.worker is not None)
             # one host (mp backend): its devices are one node for stage 2's aligned slots
-            target = plan_layout(self.layout, degrees, active, len(self.device_list))
+            target = plan_layout(self.layout, degrees, self.scheduler.requests, len(self.device_list))
             result = await run_regroup(self, target, timeout_s)
         log.info("regrouped into %s in %.2f s (drains: %s)", result["layout"], result["regroup_s"], result["drain_s"])
         return result

@@ -19,6 +19,7 @@ when all of its devices are free.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -129,16 +130,15 @@ def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]
     return out
 
 
-def plan_layout(current: Layout, degrees: Sequence[int], active: dict[int, int], gpus_per_node: int) -> Layout:
+def plan_layout(current: Layout, degrees: Sequence[int], requests, gpus_per_node: int) -> Layout:
     """Stage 2 (policy/transition.py): which devices form the instances of these degrees, keeping
-    the current instances worth most (their devices plus `active` requests per slot, beta-weighted)
-    in aligned slots inside nodes of `gpus_per_node`. Falls back to the degrees packed in order
-    (largest first) when the layout does not split into such nodes."""
+    the current instances worth most (their devices plus the scheduler's `requests` seated in each
+    slot, beta-weighted) in aligned slots inside nodes of `gpus_per_node`. Falls back to the
+    degrees packed in order (largest first) when the layout does not split into such nodes."""
     from ..policy.transition import plan_transition, slot_of
     n = current.num_devices
-    counts: dict[int, int] = {}
-    for d in degrees:
-        counts[d] = counts.get(d, 0) + 1
+    counts = Counter(degrees)
+    active = Counter(e.worker for e in requests if e.worker is not None)
     try:
         if n % gpus_per_node:
             raise ValueError(f"{n} devices are not nodes of {gpus_per_node}")
@@ -173,13 +173,17 @@ class Regroup:
     wave: int = 0
     wave_began_at: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._wave_of = {w: k for k, (olds, news) in enumerate(self.waves) for w in olds | news}
+
     @classmethod
     def begin(cls, sched, current: Layout, target: Layout, now: float,
-              max_wave_devices: int | None = None) -> tuple["Regroup", list]:
-        """Take the first wave's instances out of routing; returns the regroup and the (worker,
-        message) pairs that start their drains."""
+              wave_share: float = 1.0) -> tuple["Regroup", list]:
+        """Take the first wave's instances out of routing (a wave takes at most `wave_share` of
+        the devices, config.reconfigure_wave_share); returns the regroup and the (worker, message)
+        pairs that start their drains."""
         stop, start = changes(current, target)
-        waves = plan_waves(current, stop, start, max_wave_devices)
+        waves = plan_waves(current, stop, start, max(1, int(wave_share * current.num_devices)))
         start = {w: devs for _, news in waves for w, devs in news.items()}
         rg = cls(current, target, stop, start, now, evicted_before=sched.counters.blocks_evicted,
                  waves=[(olds, set(news)) for olds, news in waves] or [(set(), set())])
@@ -202,7 +206,7 @@ class Regroup:
         return self._drain(sched, now)
 
     def wave_of(self, w: int) -> int:
-        return next(k for k, (olds, news) in enumerate(self.waves) if w in olds or w in news)
+        return self._wave_of[w]
 
     def poll_drained(self, sched, now: float) -> list[int]:
         """Slots that have drained since the last call (in slot order); the driver stops them."""
@@ -264,9 +268,7 @@ async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
     import asyncio
     import time
     sched, pool, loop = engine.scheduler, engine.pool, asyncio.get_running_loop()
-    share = engine.config.reconfigure_wave_share
-    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic(),
-                             max(1, int(share * len(engine.device_list))))
+    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic(), engine.config.reconfigure_wave_share)
     for w, msg in msgs:
         engine._send(w, msg)
     deadline = rg.started_at + timeout_s

@@ -20,7 +20,7 @@ iteration). A batch whose re-prefills need more, n R c / F_j > that, is not sust
 requests would wait for their re-prefills rather than step every iteration, so it is left out
 (`token_budget`; None: unlimited, as the admission). Without this bound the table priced batches
 of 48-64 requests at TP1 where the budget (1024 tokens, ~1800-token canvases) sustains 5, and
-came out 1.3-1.5x what the simulator completes (docs/reconfiguration.md).
+came out 1.3-1.5x what the simulator completes (docs/simulation.md; measured before the bound).
 
 `canvas_tokens` is the canvas of a seated request, i.e. the mean canvas weighted by forwards
 (long requests are seated longer): E[F c] / E[F], which is what the mean over the requests live

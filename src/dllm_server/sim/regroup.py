@@ -11,7 +11,6 @@ the regroup's cost, counted here in GPU-seconds with the drains'.
 """
 from __future__ import annotations
 
-import collections
 import itertools
 from dataclasses import dataclass, field
 
@@ -110,10 +109,8 @@ class Reconfigurer:
     def begin(self, degrees: list[int], why: str) -> None:
         sim = self.sim
         sched = sim.scheduler
-        active = collections.Counter(e.worker for e in sched.requests if e.worker is not None)
-        target = plan_layout(self.layout, degrees, active, self.gpus_per_node)
-        share = sim.config.reconfigure_wave_share
-        self.active, msgs = Regroup.begin(sched, self.layout, target, sim.now, max(1, int(share * self.num_devices)))
+        target = plan_layout(self.layout, degrees, sched.requests, self.gpus_per_node)
+        self.active, msgs = Regroup.begin(sched, self.layout, target, sim.now, sim.config.reconfigure_wave_share)
         self.ready_at: dict[int, float] = {}
         self.record = RegroupRecord(sim.now, self.layout.degrees(), target.degrees(), why)
         for w, msg in msgs:
