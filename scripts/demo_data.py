@@ -300,12 +300,13 @@ class HeldOut:
         import torch.nn.functional as F
         from dllm_server.model.attention import DenseBatch
         ce_sum = masked_bytes = elbo = window_bytes = 0.0
+        dev = next(model.parameters()).device
         with torch.inference_mode():
             for ids, m, nbytes, p in self.windows:
                 x = torch.where(m, torch.full_like(ids, mask_id), ids)
                 rows = m.nonzero().squeeze(1)
-                logits = model(x, torch.arange(ids.numel()), DenseBatch(1), None, rows)
-                ce = F.cross_entropy(logits.float(), ids[rows], reduction="none").double()
+                logits = model(x.to(dev), torch.arange(ids.numel(), device=dev), DenseBatch(1), None, rows.to(dev))
+                ce = F.cross_entropy(logits.float().cpu(), ids[rows], reduction="none").double()
                 ce_sum += float(ce.sum())
                 masked_bytes += float(nbytes[rows].sum())
                 elbo += float(ce.sum()) / p

@@ -93,12 +93,14 @@ class TaskProbe:
 
     def figures(self, model, mask_id: int) -> dict[str, dict[str, float]]:
         out = {}
+        dev = next(model.parameters()).device
         with torch.inference_mode():
             for task, (x, maskable, answer) in self.rows.items():
                 b, length = x.shape
                 fed = torch.where(maskable, torch.full_like(x, mask_id), x).reshape(-1)
                 rows = answer.reshape(-1).nonzero().squeeze(1)
-                logits = model(fed, torch.arange(length).repeat(b), DenseBatch(b), None, rows).float()
+                logits = model(fed.to(dev), torch.arange(length, device=dev).repeat(b), DenseBatch(b), None,
+                               rows.to(dev)).float().cpu()
                 target = x.reshape(-1)[rows]
                 probs = logits.softmax(-1)
                 p_best, best = probs.max(-1)

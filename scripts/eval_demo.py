@@ -144,13 +144,14 @@ def task_figures(outs, items) -> dict:
 
 
 def evaluate_tasks(model: str | None, items, thresholds=TASK_THRESHOLDS, threads: int = 1,
-                   max_tokens: int = 64) -> dict:
-    """{threshold: {task | copied | computed | all: figures}, "macro_exact_match": ...}; answers kept."""
+                   max_tokens: int = 64, **llm_kwargs) -> dict:
+    """{threshold: {task | copied | computed | all: figures}, "macro_exact_match": ...}; answers kept.
+    `llm_kwargs`: ServerConfig fields for the offline LLM (enforce_eager=True on a GPU, say)."""
     from dllm_server import LLM, SamplingParams
     from dllm_server.demo_tasks import COMPUTED, COPIED, TASKS
 
     torch.set_num_threads(threads)
-    llm = LLM(model)
+    llm = LLM(model, **llm_kwargs)
     convs = [[{"role": "user", "content": i.question}] for i in items]
     result = {"model": str(llm.path), "max_tokens": max_tokens, "thresholds": {}}
     for tau in thresholds:

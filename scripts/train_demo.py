@@ -103,14 +103,15 @@ def mdm_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int, gen: 
     `certain_ids` narrows it to positions whose target is one of those ids (the end of turn and the
     padding: sure of where an answer ends, not of its words)."""
     b, length = x.shape
-    t = torch.rand(b, 1, generator=gen)
+    dev = x.device
+    t = torch.rand(b, 1, generator=gen, device=dev)
     p = (1 - EPS) * t + EPS
-    m = (torch.rand(b, length, generator=gen) < p) & maskable
-    if not m.any():
+    m = (torch.rand(b, length, generator=gen, device=dev) < p) & maskable
+    if dev.type == "cpu" and not m.any():      # (a host sync per step on an accelerator: skipped there)
         m[0, maskable[0].nonzero()[0]] = True
     flat = torch.where(m, torch.full_like(x, mask_id), x).reshape(-1)
     rows = m.reshape(-1).nonzero().squeeze(1)
-    logits = model(flat, torch.arange(length).repeat(b), DenseBatch(b), None, rows)
+    logits = model(flat, torch.arange(length, device=dev).repeat(b), DenseBatch(b), None, rows)
     ce = F.cross_entropy(logits.float(), x.reshape(-1)[rows], reduction="none")
     weight = (1.0 / p.expand(b, length)).reshape(-1)[rows]
     per_row = maskable.sum(dim=1).float() if denominators is None else denominators
@@ -137,7 +138,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def save_weights(model, path: Path, step: int) -> None:
     from safetensors.torch import save_file
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_suffix(".tmp")
     save_file(state, str(tmp), metadata={"format": "pt", "step": str(step)})
     tmp.chmod(0o644)
@@ -174,7 +175,13 @@ def main(argv=None) -> None:
                          "holds a core); results then differ from a fixed-thread run in rounding only")
     ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
                     help="bf16 autocast for forward/backward (measured slower than fp32 on the current "
-                         "Intel CPU without AMX; faster on the earlier AMD one)")
+                         "Intel CPU without AMX; faster on the earlier AMD one; always on with --device cuda)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--data-workers", type=int, default=0,
+                    help="build batches ahead in this many processes (scripts/demo_prefetch.py; for a GPU); "
+                         "0: in-process, the RNG stream train_state.pt replays exactly")
+    ap.add_argument("--time-budget-min", type=float, default=0.0,
+                    help="> 0: after 30 steps, shorten --steps (the LR schedule) to what fits this many minutes")
     ap.add_argument("--vocab", type=int, default=4096, help="BPE vocabulary incl. the 6 special tokens")
     ap.add_argument("--hidden", type=int, default=320)
     ap.add_argument("--layers", type=int, default=6)
@@ -212,29 +219,29 @@ def main(argv=None) -> None:
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}))
     mask_id = cfg["mask_token_id"]
-    check_template(model_dir)
+    try:
+        check_template(model_dir)
+    except ImportError as e:       # a bare GPU image: the template is checked wherever the server runs
+        print(f"chat template not checked: {e}", flush=True)
 
     rows = Rows(tok, train_texts, args.seq_len, ids, args.seed)
     held = D.HeldOut(held_texts, tok)
     tasks = TaskRows(tok, train_texts, ids, args.seed, excluded_keys()) if args.task_rows else None
     probe = TaskProbe(tok, ids) if args.task_rows else None
+    device = torch.device(args.device)
     model = llada.LLaDAModelLM(llada.args_from_config(cfg))
     init_weights(model, args.seed, logit_scale=1.0)
     n_params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"params_M": round(n_params / 1e6, 2), "vocab": vocab,
                       "bytes_per_token_held_out": round(held.bytes_per_token, 3), "data": rows.stats}), flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    autocast = args.autocast == "bf16"
+    model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    gen = torch.Generator(device).manual_seed(args.seed + 1)
+    autocast = args.autocast == "bf16" or device.type == "cuda"
 
-    rewarm_from = None         # a fresh optimizer on trained weights ramps its LR up again
-
-    def train_step(step: int) -> float:
-        lr = lr_at(step, args.steps, args.lr, args.warmup)
-        if rewarm_from is not None:
-            lr *= min(1.0, (step - rewarm_from + 1) / REWARM_STEPS)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    def make_groups():
+        """One step's rows: text and chat, plus task rows (short, or in the same tensor when long)."""
         x, maskable = rows.batch(args.batch, args.chat_share)
         groups = [(x, maskable, maskable.sum(dim=1).float())]
         if tasks is not None:
@@ -244,8 +251,22 @@ def main(argv=None) -> None:
                 groups = [(torch.cat([x, tx]), torch.cat([maskable, tm]), torch.cat([groups[0][2], td]))]
             else:
                 groups.append((tx, tm, td))
+        return groups
+
+    batches = None        # the prefetching loader, started once the start step is known
+
+    rewarm_from = None         # a fresh optimizer on trained weights ramps its LR up again
+
+    def train_step(step: int) -> float:
+        lr = lr_at(step, args.steps, args.lr, args.warmup)
+        if rewarm_from is not None:
+            lr *= min(1.0, (step - rewarm_from + 1) / REWARM_STEPS)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        groups = make_groups() if batches is None else next(batches)
+        groups = [tuple(t.to(device, non_blocking=True) for t in g) for g in groups]
         model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             n = sum(g[0].shape[0] for g in groups)      # mdm_loss is a mean over rows: weight by rows
             loss = sum(mdm_loss(model, gx, gm, mask_id, gen, denominators=gd) * (gx.shape[0] / n)
                        for gx, gm, gd in groups)
@@ -253,7 +274,7 @@ def main(argv=None) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return float(loss.detach())
+        return loss.detach()          # a tensor: reading it is a host sync, done every 10th step only
 
     if args.bench:
         times = []
@@ -273,7 +294,7 @@ def main(argv=None) -> None:
     history: list[dict] = []
     step, elapsed = 0, 0.0
     if state_file.is_file() and not args.init_weights:
-        st = torch.load(state_file, weights_only=False)
+        st = torch.load(state_file, weights_only=False, map_location=device)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
@@ -306,7 +327,12 @@ def main(argv=None) -> None:
         save_weights(model, model_dir / "model.safetensors", step)
         write_json(out / "history.json", history)
 
+    if args.data_workers:
+        from demo_prefetch import prefetched
+        batches = prefetched(make_groups, [rows.rng] + ([tasks.rng] if tasks else []), args.seed, step,
+                             args.data_workers)
     ema = history[-1]["loss_ema"] if history else None
+    budget_from = (step, time.monotonic())
     last_save = time.monotonic()
     t_report = time.monotonic()
     threads = ThreadChooser(args.threads, args.adapt_threads)
@@ -314,9 +340,20 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         loss = train_step(step)
         step += 1
+        if args.time_budget_min and step == budget_from[0] + 30:     # past the loader's and kernels' warm-up
+            budget_from = (budget_from[0], budget_from[1], time.monotonic())
+        elif args.time_budget_min and step == budget_from[0] + 60:   # the rate of steps 31-60 sets the schedule
+            now = time.monotonic()
+            rate = (now - budget_from[2]) / 30
+            left = 0.97 * (60 * args.time_budget_min - (now - budget_from[1]))    # 3 %: evaluations, snapshots
+            args.steps = max(step, min(args.steps, step + int(left / rate)))
+            print(f"{rate * 1000:.1f} ms a step: schedule set to {args.steps} steps", flush=True)
         dt = time.perf_counter() - t0
         elapsed += dt
         threads.observe(dt)
+        if device.type != "cpu" and step % 10 and step != args.steps:
+            continue                  # the loss is read (a sync) and recorded every 10th step
+        loss = float(loss)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         record = {"step": step, "loss": loss, "loss_ema": ema, "lr": lr_at(step - 1, args.steps, args.lr, args.warmup),
                   "elapsed_s": round(elapsed, 2), "wall": round(time.time()), "threads": threads.current}
