@@ -24,7 +24,8 @@ import queue
 import secrets
 import socket
 import threading
-from multiprocessing.connection import Client, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from multiprocessing.reduction import ForkingPickler
 
 F_SETPIPE_SZ = 1031          # Linux: a 1 MiB pipe buffer lets the worker run ahead of a busy reader
@@ -81,12 +82,18 @@ def no_delay(conn) -> None:
 
 
 class SocketHub:
-    """The front's listening socket: every worker connects once and names itself."""
+    """The front's listening socket: every worker connects once and names itself.
+
+    Each connection's handshake (the HMAC challenge both ways, then the worker's key) runs in a
+    thread of its own under HANDSHAKE_S: a stranger on the port that sends nothing, the wrong key
+    or garbage is dropped and never holds up the next worker's connection."""
+
+    HANDSHAKE_S = 10.0
 
     def __init__(self, host: str):
         self.authkey = secrets.token_bytes(32)
-        self.listener = Listener((host, 0), family="AF_INET", authkey=self.authkey)
-        self.address = self.listener.address
+        self.listener = socket.create_server((host, 0), backlog=64)
+        self.address = self.listener.getsockname()[:2]
         self._channels: dict[str, "SocketChannel"] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -101,22 +108,44 @@ class SocketHub:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn = self.listener.accept()
-                no_delay(conn)
-                key = conn.recv_bytes().decode()
-            except (OSError, EOFError, ValueError):
-                continue                 # a failed handshake (a stranger, a worker that died connecting)
-            with self._lock:
-                ch = self._channels.pop(key, None)
-            if ch is None:
-                conn.close()
-            else:
-                ch.attach(conn)
+                sock, _ = self.listener.accept()
+            except OSError:
+                continue                 # closed (the loop ends), or a connection reset before accept
+            threading.Thread(target=self._handshake, args=(sock,), name="dllm-socket-handshake",
+                             daemon=True).start()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(os.dup(sock.fileno()))
+        timer = threading.Timer(self.HANDSHAKE_S, _shutdown, (sock,))   # wakes a read that waits forever
+        timer.start()
+        try:
+            deliver_challenge(conn, self.authkey)     # what Listener.accept does, here under a deadline
+            answer_challenge(conn, self.authkey)
+            key = conn.recv_bytes(256).decode()
+        except (OSError, EOFError, ValueError, AuthenticationError):
+            conn.close()                 # a stranger, a wrong key, a worker that died connecting
+            return
+        finally:
+            timer.cancel()
+            sock.close()                 # the duplicate; the connection keeps its own descriptor
+        with self._lock:
+            ch = self._channels.pop(key, None)
+        if ch is None:
+            conn.close()
+        else:
+            ch.attach(conn)
 
     def close(self) -> None:
         self._closed = True
+        _shutdown(self.listener)
         with contextlib.suppress(OSError):
             self.listener.close()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class SocketEnds:
