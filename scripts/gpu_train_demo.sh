@@ -21,8 +21,8 @@ LOG="$OUT/run.log"      # one log, history.json and six shards: the tool brings 
 python3 scripts/train_demo.py --out "$RUN" --device "$DEVICE" --data-workers "${WORKERS:-10}" \
     --time-budget-min "${BUDGET_MIN:-6.0}" --steps 100000 --eval-every "${EVAL_EVERY:-500}" \
     --snapshot-every "${EVAL_EVERY:-500}" --save-minutes 1000 --batch "${BATCH:-48}" --chat-share 0.5 \
-    --task-rows "${TASK_ROWS:-160}" --task-len 96 --lr "${LR:-1e-3}" --warmup 200 \
-    --init-weights src/dllm_server/assets/demo-model/model.safetensors --start-step 0 \
+    --task-rows "${TASK_ROWS:-160}" --task-len 96 --lr "${LR:-1e-3}" --warmup "${WARMUP:-200}" \
+    --task-weights "${TASK_WEIGHTS:-}" --init-weights "${INIT:-src/dllm_server/assets/demo-model/model.safetensors}" --start-step 0 \
     --corpus-cache .gpu/corpus 2>&1 | tee -a "$LOG"
 cp "$RUN/history.json" "$OUT/history.json" 2>/dev/null
 # scoring starts no new snapshot after T0 + PICK_END_S (the run's timeout_s is 570)

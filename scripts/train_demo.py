@@ -160,6 +160,7 @@ def main(argv=None) -> None:
     ap.add_argument("--chat-share", type=float, default=0.5, help="share of each batch that is chat rows")
     ap.add_argument("--task-rows", type=int, default=0,
                     help="demo-task rows added to each batch (v3; scripts/demo_task_rows.py), besides --batch")
+    ap.add_argument("--task-weights", default="", help="TASK=WEIGHT,... overriding demo_task_rows.TASK_WEIGHTS")
     ap.add_argument("--task-len", type=int, default=96, help="length of a task row (prompt, answer, padding)")
     ap.add_argument("--task-long-share", type=float, default=1 / 3,
                     help="share of steps whose task rows have --seq-len instead, like a max_tokens 128 canvas")
@@ -226,7 +227,12 @@ def main(argv=None) -> None:
 
     rows = Rows(tok, train_texts, args.seq_len, ids, args.seed)
     held = D.HeldOut(held_texts, tok)
-    tasks = TaskRows(tok, train_texts, ids, args.seed, excluded_keys()) if args.task_rows else None
+    weights = None
+    if args.task_weights:          # e.g. "add=0.3,subtract=0.3": the rest keep demo_task_rows.TASK_WEIGHTS
+        from demo_task_rows import TASK_WEIGHTS
+        weights = dict(TASK_WEIGHTS, **{k: float(v) for k, v in (kv.split("=") for kv in args.task_weights.split(","))})
+        print(f"task weights: {weights}", flush=True)
+    tasks = TaskRows(tok, train_texts, ids, args.seed, excluded_keys(), weights) if args.task_rows else None
     probe = TaskProbe(tok, ids) if args.task_rows else None
     device = torch.device(args.device)
     model = llada.LLaDAModelLM(llada.args_from_config(cfg))
