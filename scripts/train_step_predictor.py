@@ -45,13 +45,23 @@ TEXTS = ["ROMEO. But soft, what light", "KING. Now is the winter of our", "HAMLE
          "The quality of mercy is", "All the world's a stage, and", "Friends, Romans, countrymen,"]
 
 
-def workload(n: int, seed: int, candidates: tuple[float, ...]) -> list:
+def workload(n: int, seed: int, candidates: tuple[float, ...], task_share: float = 0.4) -> list:
+    """Chat cues, plain-text prompts and (`task_share`) demo-task questions drawn fresh from the task
+    generators (dllm_server.demo_tasks; copy lines from the shipped evaluation set's), each
+    committing at one random candidate threshold throughout."""
+    from dllm_server import demo_tasks as T
     rng = random.Random(seed)
+    lines = [i.answer for i in T.load_eval(tasks=["copy"])]
     out = []
     for i in range(n):
         params = SamplingParams(max_tokens=rng.choice([32, 64, 96, 128]), temperature=rng.choice([0.0, 0.7]),
                                 seed=i, threshold=rng.choice(candidates))
-        if rng.random() < 0.7:
+        kind = rng.random()
+        if kind < task_share:
+            item = T.make(rng.choice(T.TASKS), rng, lines)
+            params = SamplingParams(max_tokens=64, temperature=0.0, seed=i, threshold=params.threshold)
+            out.append(({"messages": [{"role": "user", "content": item.question}]}, params))
+        elif kind < task_share + (1 - task_share) * 0.7:
             out.append(({"messages": [{"role": "user", "content": rng.choice(CUES)}]}, params))
         else:
             out.append(({"prompt": rng.choice(TEXTS)}, params))

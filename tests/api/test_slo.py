@@ -34,3 +34,29 @@ def test_tight_slo_lowers_thresholds_and_matches_offline(tiny_llada, tmp_path):
             assert llm_out.stats.num_forwards == choice["dllm"]["forwards"]
     finally:
         s.stop()
+
+
+def test_on_the_demo_model_a_tight_slo_answers_a_task_in_fewer_forwards(tmp_path):
+    """Issue 26's knob, as a user meets it: the embedded demo model (v3), a demo task, no
+    ignore_eos. A loose SLO leaves the policy its top candidate (0.95), which commits this sort's
+    digits over several forwards; a tight one gets the floor (0.5), which commits them at once.
+    Each answer is the offline API's at the thresholds the server reports."""
+    s = start_server(None, "--threshold-policy", "slo", tmp_path=tmp_path)
+    question = "Sort: 36 35 17 99 46 45"
+    try:
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 64, "temperature": 0.0}
+        with httpx.Client(base_url=s.url, timeout=120) as c:
+            loose = c.post("/v1/chat/completions", json={**body, "slo_ms": 600_000}).json()["choices"][0]
+            tight = c.post("/v1/chat/completions", json={**body, "slo_ms": 1}).json()["choices"][0]
+        lo, ti = loose["dllm"], tight["dllm"]
+        assert lo["thresholds"][0] == 0.95 and ti["thresholds"][0] == 0.5, (lo, ti)
+        assert ti["forwards"] < lo["forwards"], (lo, ti)
+        assert loose["finish_reason"] == tight["finish_reason"] == "stop"
+        llm = LLM(dtype="float32")
+        for choice in (loose, tight):
+            out = llm.chat([[{"role": "user", "content": question}]], SamplingParams(
+                max_tokens=64, temperature=0.0, threshold=choice["dllm"]["thresholds"][0]))[0]
+            assert out.text == choice["message"]["content"]
+            assert out.stats.num_forwards == choice["dllm"]["forwards"]
+    finally:
+        s.stop()
