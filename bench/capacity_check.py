@@ -7,8 +7,9 @@ A real engine (one worker, the demo model, its step-time model seeded by the sta
 refitted from its iteration reports) is held at saturation: `--concurrency` requests in flight at
 all times (closed loop), each `max_tokens` long, `ignore_eos`, `max_active_decodes` = the
 concurrency so the estimate and the run seat the same batch. Measured: request-forwards (decode
-rows plus prefill rows) over the iterations' seconds. Estimated: `capacity(inf, completions/s,
-blocks)` with blocks = 1 (before) and the run's blocks per request (after).
+rows plus prefill rows) over the iterations' seconds. Estimated: the formula before the fix
+(`estimate_before_fix`, 849bb6d's restated), today's `capacity(inf, completions/s, blocks)` with
+blocks = 1, and with the run's blocks per request (after).
 
     python bench/capacity_check.py [--concurrency 16] [--seconds 20] [--max-tokens 32 128]
 """
@@ -25,6 +26,32 @@ from dllm_server import SamplingParams  # noqa: E402
 from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
+
+
+def estimate_before_fix(load, arrival_rate: float) -> float:
+    """The estimate as it was before issue 33's fix (commit 849bb6d, policy/load_model.py and
+    load_control.capacity_rate), restated here on today's fitted models so the two differ only in
+    the formula: one recompute step per request (its first prefill), keys per decode row from the
+    worker's seated count rather than the last iteration's rows, and recompute steps not counted
+    as forwards of their requests."""
+    from dllm_server.policy.step_time import features
+    total = 0.0
+    ready = [w for w, m in load.models.items() if m.ready]
+    for w in ready:
+        m, r = load.models[w], load.reports.get(w)
+        seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
+        keys = r.decode_keys / r.num_active_decodes if r is not None and r.num_active_decodes else 256
+        lam = arrival_rate / len(ready)
+        best = 0.0
+        for n in range(1, max(1, seats) + 1):
+            t0 = m.predict(features(n * load.block_length, n * keys))
+            share = lam * t0
+            t = m.predict(features(n * load.block_length, n * keys, share * keys, share * keys * keys,
+                                   recompute=True)) if share > 0 else t0
+            if t > 0:
+                best = max(best, n / t)
+        total += best
+    return total
 
 
 async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_tokens: int) -> dict:
@@ -61,6 +88,7 @@ async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_t
         predicted = sum(model.predict(report_features(r)) for r in reports) / sum(r.iteration_s for r in reports)
         return {"iteration_model_error": predicted - 1.0,"max_tokens": max_tokens, "blocks_per_request": mean_blocks, "completions_per_s": rate,
                 "iterations": len(reports), "measured": measured,
+                "before_fix": estimate_before_fix(engine.load, rate),
                 "before": engine.load.capacity(float("inf"), rate, 1.0),
                 "after": engine.load.capacity(float("inf"), rate, mean_blocks)}
     finally:
@@ -78,14 +106,15 @@ def main() -> None:
     rows = [asyncio.run(saturate(config, a.concurrency, a.seconds, m)) for m in a.max_tokens]
     print(f"capacity estimate vs measured, {a.concurrency} requests in flight, {a.seconds:g} s each "
           f"(request-forwards per second)\n")
-    print("| max_tokens | blocks / request | completions / s | measured | estimate before (1 recompute / request) | "
-          "error | estimate after (1 / block) | error | step-time model on the run's own iterations |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| max_tokens | blocks / request | completions / s | measured | before the fix (849bb6d's formula) | error | "
+          "today's, 1 recompute / request | error | today's, 1 / block (after) | error | "
+          "step-time model on the run's own iterations |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = r["measured"]
+        err = lambda v: f"{100 * (v - m) / m:+.0f} %"
         print(f"| {r['max_tokens']} | {r['blocks_per_request']:.2f} | {r['completions_per_s']:.2f} | {m:.0f} | "
-              f"{r['before']:.0f} | {100 * (r['before'] - m) / m:+.0f} % | {r['after']:.0f} | "
-              f"{100 * (r['after'] - m) / m:+.0f} % | {100 * r['iteration_model_error']:+.0f} % |")
+              f"{r['before_fix']:.0f} | {err(r['before_fix'])} | {r['before']:.0f} | {err(r['before'])} | "
+              f"{r['after']:.0f} | {err(r['after'])} | {100 * r['iteration_model_error']:+.0f} % |")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""SLO-aware decoding under load, four configurations in one run, on real servers:
-fixed threshold 0.9, fixed 0.7, the slo policy without load control, the slo policy with it.
+"""SLO-aware decoding under load, several configurations in one run, on real servers:
+fixed thresholds (`--fixed`, default 0.9 and 0.7), the slo policy without load control, the slo
+policy with it.
 
 1. The SLO: `--slo-factor` x the unloaded latency of fixed 0.9 on this workload (per request).
 2. The capacity of fixed 0.9 at that SLO (>= 90 % of requests within it), by the load generator's
@@ -17,6 +18,7 @@ fixed threshold 0.9, fixed 0.7, the slo policy without load control, the slo pol
 
     python bench/slo.py [--model DIR] [--requests 40] [--rates 0.5,0.75,1,1.5,2] [--plot docs/img/slo.png]
     python bench/slo.py --model DIR --task demo --task-share 0.8
+    python bench/slo.py --task demo --task-share 0.5 --fixed 0.9,0.7,0.5     # + the equal-accuracy headline
 """
 from __future__ import annotations
 
@@ -46,9 +48,15 @@ PROMPTS = ["Good morrow, my lord. What news?", "Tell me a story.", "Who art thou
            "Sir, I have a letter for you.", "Will the army march tonight?", "Is this a dagger I see?",
            "How long have you been here?", "Pray, tell me of your travels.", "Where shall we dine?",
            "The king is dead, they say.", "Dost thou love me?", "What news from Rome?"]
-CONFIGS = [("fixed 0.9", ["--threshold", "0.9"]), ("fixed 0.7", ["--threshold", "0.7"]),
-           ("slo, no load control", ["--threshold-policy", "slo", "--no-load-control"]),
-           ("slo + load control", ["--threshold-policy", "slo"])]
+POLICIES = [("slo, no load control", ["--threshold-policy", "slo", "--no-load-control"]),
+            ("slo + load control", ["--threshold-policy", "slo"])]
+
+
+def configs(fixed: list[float]) -> list[tuple[str, list[str]]]:
+    """Fixed 0.9 first (the SLO and the capacity are its), then the other fixed thresholds, then
+    the policy with and without load control."""
+    values = [0.9] + [t for t in fixed if t != 0.9]
+    return [(f"fixed {t:g}", ["--threshold", str(t)]) for t in values] + POLICIES
 
 
 def workload(n: int, max_tokens: int, seed: int) -> list[RequestSpec]:
@@ -133,7 +141,8 @@ async def main_async(a) -> dict:
     report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens,
                     "task": a.task, "task_share": a.task_share if task else None, "configs": {}}
     # 1-2: the SLO and the capacity of fixed 0.9
-    base = serve(model, *common, *CONFIGS[0][1], log_path=logs / "base.log")
+    all_configs = configs(a.fixed)
+    base = serve(model, *common, *all_configs[0][1], log_path=logs / "base.log")
     try:
         async with httpx.AsyncClient(base_url=base.url, timeout=600, trust_env=False) as c:
             lat = []
@@ -156,7 +165,7 @@ async def main_async(a) -> dict:
         base.stop()
     # 3: every configuration at every rate; 5: tick cost
     rates = [m * capacity for m in a.rates]
-    for name, flags in CONFIGS:
+    for name, flags in all_configs:
         s = serve(model, *common, *flags, log_path=logs / f"{name.replace(' ', '_')}.log")
         try:
             runs = []
@@ -219,12 +228,35 @@ def print_tables(rep: dict) -> None:
                 per = run["quality"].get("task", {}).get("per_task", {})
                 cells = [f"{per[t]['accuracy']:.2f} ({per[t]['requests']})" if t in per else "-" for t in tasks]
                 print(f"| {name} | {run['multiple']:g}x | " + " | ".join(cells) + " |")
+    if has_task:
+        headline(rep)
     ticks = {n: c["tick_s"] for n, c in rep["configs"].items() if c["tick_s"] is not None}
     print("\nfront-loop time per scheduler tick, 64 requests in flight: " +
           ", ".join(f"{n} {1e6 * t:.0f} us" for n, t in ticks.items()))
     errs = {n: c["server"]["dllm:step_time_rel_error"] for n, c in rep["configs"].items() if "slo" in n}
     print("step-time model, mean relative error on the iterations it predicted: " +
           ", ".join(f"{n} {100 * e:.1f} %" for n, e in errs.items()))
+
+
+def headline(rep: dict) -> None:
+    """DiLaServe's shape: at each load, slo + load control against fixed 0.9 and against the fixed
+    threshold whose accuracy (at that load) is nearest the policy's, among those run."""
+    acc = lambda run: run["quality"].get("task", {}).get("accuracy")
+    att = lambda run: 100 * run["result"]["summary"]["slo"]["attainment"]
+    policy = rep["configs"]["slo + load control"]["runs"]
+    fixed = {n: c["runs"] for n, c in rep["configs"].items() if n.startswith("fixed")}
+    print("\nslo + load control against fixed 0.9 and the equal-accuracy fixed threshold (attainment, accuracy):\n\n"
+          "| load | slo + load control | fixed 0.9 | gain over 0.9 (points) | accuracy loss vs 0.9 (points) | "
+          "equal-accuracy fixed | its attainment, accuracy | gain over it (points) |\n|---|---|---|---|---|---|---|---|")
+    for k, run in enumerate(policy):
+        if acc(run) is None:
+            continue
+        f9 = fixed["fixed 0.9"][k]
+        name, eq = min(((n, runs[k]) for n, runs in fixed.items() if acc(runs[k]) is not None),
+                       key=lambda x: (abs(acc(x[1]) - acc(run)), x[0]))
+        print(f"| {run['multiple']:g}x | {att(run):.0f} %, {acc(run):.3f} | {att(f9):.0f} %, {acc(f9):.3f} | "
+              f"{att(run) - att(f9):+.0f} | {100 * (acc(f9) - acc(run)):+.1f} | {name} | {att(eq):.0f} %, "
+              f"{acc(eq):.3f} | {att(run) - att(eq):+.0f} |")
 
 
 def plot(rep: dict, path: str) -> None:
@@ -258,6 +290,8 @@ def main() -> None:
     ap.add_argument("--probe-requests", type=int, default=24, help="requests per capacity-search probe")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=[0.5, 0.75, 1.0, 1.5, 2.0])
+    ap.add_argument("--fixed", type=lambda t: [float(x) for x in t.split(",")], default=[0.9, 0.7],
+                    help="fixed thresholds to run besides the policy (0.9 always)")
     ap.add_argument("--slo-factor", type=float, default=3.0)
     ap.add_argument("--start-rate", type=float, default=2.0)
     ap.add_argument("--max-rate", type=float, default=64.0)

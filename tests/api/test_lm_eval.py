@@ -18,10 +18,11 @@ from .conftest import start_server
 
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (the test or eval extra)")
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-# Prompts the demo model continues before a blank line (the task's stop): after a question it
-# starts a new paragraph at once, an empty answer that would hide a lost reply.
-DOCS = [("ROMEO.", "But soft"), ("JULIET.", "O Romeo"), ("HAMLET.", "To be"), ("KING.", "My lord"),
-        ("Good morrow,", "my lord"), ("What news, my", "lord")]
+# Prompts the demo model (v3) continues before a blank line (the task's stop): after a speaker's
+# name alone ("ROMEO.") it starts a new paragraph at once, an empty answer that would hide a lost
+# reply, so every prompt here is a line already begun.
+DOCS = [("ROMEO. But soft,", "what light"), ("HAMLET. To be,", "or not to be"), ("Now is the winter", "of our"),
+        ("The king is", "dead"), ("Good morrow,", "my lord"), ("What news, my", "lord")]
 TASK = """task: tiny_gen
 dataset_path: json
 dataset_kwargs:

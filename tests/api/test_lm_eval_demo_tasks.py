@@ -3,8 +3,9 @@ harness: through `dllm-server serve` with `local-chat-completions --apply_chat_t
 --gen_kwargs threshold=0.7` every document of every task is scored with no failed request, the
 threshold reaches the server (every block of those requests ran at 0.7: the server's
 dllm:block_threshold histogram), and the same folder in-process through scripts/lm_eval_offline.py
-gives the served answers exactly, with the threshold in every offline request too. No accuracy
-level is asserted: the embedded model was not trained on these tasks."""
+gives the served answers exactly, with the threshold in every offline request too. The embedded
+model (v3) was trained on these tasks: at 0.7 it answers at least 3 in 4 of these documents right
+(94 % over the whole evaluation set, its model card)."""
 from __future__ import annotations
 
 import glob
@@ -130,3 +131,5 @@ def test_shipped_folder_served_and_offline_score_every_doc_with_the_same_answers
         assert _answers(offline["samples"][name]) == _answers(samples[name]), name
         assert offline["results"][name]["exact_match,none"] == results["results"][name]["exact_match,none"]
     assert any(a for name in NAMES for a in _answers(samples[name]).values())    # real answers, not all empty
+    pooled = sum(results["results"][name]["exact_match,none"] for name in NAMES) / len(NAMES)
+    assert pooled >= 0.75, {name: results["results"][name]["exact_match,none"] for name in NAMES}

@@ -33,8 +33,10 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHAT = {"prompt": "Good morrow, my lord. What news?", "max_tokens": 32, "threshold": 0.3, "seed": 1,
         "temperature": 0.7, "slo_ms": 60000}
-PICTURE = {"prompt": "HAMLET. To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
-           "max_tokens": 96, "threshold": 0.3, "seed": 1, "temperature": 0.7}
+# The README's pictures: a demo task (chat), at a threshold high enough that the demo model takes
+# several forwards, each committing several cells (9 forwards for 18 positions on v3)
+PICTURE = {"prompt": "Say this line back:\nNow is the winter of our discontent made glorious summer by this sun of York",
+           "max_tokens": 32, "threshold": 0.99, "seed": 1, "temperature": 0.0}
 # Three blocks of 256, one position per forward: it holds its KV pages (49 of them) for seconds.
 LONG = {"prompt": "ROMEO.", "max_tokens": 768, "block_length": 256, "steps": 768}
 
@@ -180,8 +182,8 @@ def test_playground_in_a_browser(tmp_path):
             assert shown["commit rule"] == "threshold 0.3 (used)"
             assert shown["SLO"].startswith("met: ") and choice["dllm"]["slo_met"] is True
 
-            # Three blocks of a completion: the pictures for the README.
-            fill(page, "completion", **PICTURE)
+            # A demo task committing several cells a forward: the pictures for the README.
+            fill(page, "chat", **PICTURE)
             send(page, "done")
             n = int(page.get_attribute("#slider", "max"))
             page.screenshot(path=str(shots / "playground_finished.png"), full_page=True)

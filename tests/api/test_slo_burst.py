@@ -1,8 +1,9 @@
 """A simultaneous burst against the slo policy (issue 33), of the benchmark's shape
 (bench/slo_burst.py): the requests arrive at once, first each naming the fixed default 0.9, then
 the same requests with an SLO set to the latency the fixed run met for 30 % of them. The policy
-must meet at least as many SLOs as the fixed threshold it replaces, and never raise a threshold
-above the default into the burst. On the embedded demo model.
+must meet at least as many SLOs as the fixed threshold it replaces, and a request it gives a
+threshold above the default (only with 30 % of its budget to spare) meets its SLO. On the embedded
+demo model (v3: its task answers take one to a few forwards, its chat answers a forward a position).
 
 (Not on a tiny random checkpoint: its blocks end in one or two forwards at low thresholds, so a
 burst there is bound by the lease round trip at every block boundary, and a lower threshold made
@@ -31,5 +32,8 @@ def test_a_burst_meets_at_least_as_many_slos_as_fixed_0_9(tmp_path):
         s.stop()
     f, p = summarise(fixed, slo_s), summarise(policy, slo_s)
     print(f"SLO {slo_s:.2f} s; fixed 0.9 {f}; slo policy {p}")
-    assert p["max_threshold"] <= 0.9                        # nothing above the default into a burst
     assert p["attainment"] >= f["attainment"] - 0.05, (f, p)
+    # Above the default only with slack to spare (--slo-raise-slack): a raised request meets its SLO
+    # (one may miss by timing noise on a shared machine); the rule itself: tests/unit/test_slo_policy.py
+    raised = [o for o in policy if max(o["thresholds"]) > 0.9]
+    assert sum(o["latency_s"] > slo_s for o in raised) <= 1, [(o["thresholds"], o["latency_s"]) for o in raised]

@@ -1,6 +1,6 @@
 """Live regrouping (engine/reconfig.py): 2 x TP1 -> 1 x TP2 -> 2 x TP1 on this CPU's 2 "devices"
-while requests keep arriving, in float64: no request fails or is lost, every answer is
-token-identical to the offline API, /health's view (engine.is_healthy) stays true throughout, KV
+while requests keep arriving over HTTP, in float64: no request fails or is lost, every answer is
+token-identical to the offline API, /health answers 200 throughout (polled through the app), KV
 pages and running counts return to 0, and the time each drain took is printed. Refusals where a
 regroup cannot work. The planner loop's decision (engine/planning.py) on live step-time models."""
 import asyncio
@@ -25,21 +25,35 @@ def stream(n: int, seed: int = 5):
 
 
 async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_llada):
+    """Through the HTTP app (the server's own routes, in this process over ASGI): the load is 60
+    completions, one every 40 ms, and /health is polled every 10 ms, while the engine regroups."""
+    import httpx
+
+    from dllm_server.api.app import build_app
     reqs = stream(60)
     offline = LLM(tiny_llada, block_length=8, dtype="float64").generate([p for p, _ in reqs], [s for _, s in reqs])
     config = ServerConfig(model=tiny_llada, block_length=8, dtype="float64", threads_per_worker=1, num_workers=2)
     async with running(config) as engine:
-        healthy, stop = [], asyncio.Event()
+        transport = httpx.ASGITransport(app=build_app(engine, "tiny"))
+        client = httpx.AsyncClient(transport=transport, base_url="http://server", timeout=120)
+        health, stop = [], asyncio.Event()
 
         async def watch():
             while not stop.is_set():
-                healthy.append(engine.is_healthy)
+                health.append((await client.get("/health")).status_code)
                 await asyncio.sleep(0.01)
+
+        async def one(p, s):
+            body = {"prompt": p["prompt_token_ids"], "max_tokens": s.max_tokens, "temperature": s.temperature,
+                    "seed": s.seed, "ignore_eos": True, "threshold": s.threshold, "return_token_ids": True}
+            r = await client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]
 
         async def load():                     # a steady stream: a request every 40 ms
             tasks = []
             for p, s in reqs:
-                tasks.append(asyncio.ensure_future(engine.run(p, s)))
+                tasks.append(asyncio.ensure_future(one(p, s)))
                 await asyncio.sleep(0.04)
             return await asyncio.gather(*tasks)
         watcher, sender = asyncio.ensure_future(watch()), asyncio.ensure_future(load())
@@ -49,19 +63,22 @@ async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_lla
         await asyncio.sleep(0.6)
         back = await engine.reconfigure([1, 1])
         outs = await sender
+        await asyncio.sleep(0.3)              # idle: /health now runs its probe request through a worker
         stop.set()
         await watcher
+        await client.aclose()
         stats = engine.stats()
         print(f"2 x TP1 -> 1 x TP2: drains {to_tp2['drain_s']} s, regroup {to_tp2['regroup_s']} s; "
-              f"1 x TP2 -> 2 x TP1: drains {back['drain_s']} s, regroup {back['regroup_s']} s")
+              f"1 x TP2 -> 2 x TP1: drains {back['drain_s']} s, regroup {back['regroup_s']} s; "
+              f"{len(health)} /health polls, all {set(health)}")
         assert to_tp2["stopped"] == [0, 1] and back["started"] == [0, 1]
         assert max(to_tp2["drain_s"].values()) > 0 and max(back["drain_s"].values()) > 0   # blocks were in flight
-        assert all(healthy) and len(healthy) > 50
+        assert set(health) == {200} and len(health) > 50
         assert stats.kv_pages_used == 0 and stats.num_running == 0 and stats.num_waiting == 0
         assert [w.tp_size for w in stats.workers] == [1, 1] and all(w.up for w in stats.workers)
         assert stats.counters.reconfigurations == 2
-    assert all(o.finish_reason == "length" for o in outs)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in offline]
+    assert all(o["finish_reason"] == "length" for o in outs)
+    assert [o["token_ids"] for o in outs] == [o.token_ids for o in offline]
 
 
 def test_regroup_refusals_and_layout_changes(tiny_llada):

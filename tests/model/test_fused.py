@@ -55,19 +55,23 @@ def _linear(seed: int = 1) -> tuple[torch.nn.Linear, torch.Tensor]:
 
 
 def test_serving_linear_rows_are_as_batch_invariant_as_this_cpus_matmul():
-    """ServingLinear adds nothing that depends on the row count: where this CPU's own matmul
-    (torch.addmm over the same transposed weight) is row-invariant for the shape, so is the
-    projection; where it is not, the property cannot hold and the test says so."""
+    """ServingLinear adds nothing that depends on the row count: at every row count where this
+    CPU's own matmul (torch.addmm over the same transposed weight) is row-invariant for the shape,
+    so is the projection (checked on any CPU); where the kernel is not, the property cannot hold
+    there, and if it holds at no row count the test says so and skips."""
     lin, x = _linear()
     fused = ServingLinear(lin)
     with torch.inference_mode():
         torch.testing.assert_close(fused(x), lin(x), rtol=1e-5, atol=1e-4)
         w_t, b = lin.weight.detach().t().contiguous(), lin.bias.detach()
         kernel = check_rows(lambda a: torch.addmm(b, a, w_t), x, ROW_COUNTS)
-    if kernel:
-        pytest.skip(f"this CPU's addmm is not row-invariant for 64->96 at {kernel} of 256 rows (a kernel "
-                    "property): the self-check reports it (worker/determinism.py); fixed_rows forces it")
-    assert check_rows(fused, x, ROW_COUNTS) == []
+        ours = check_rows(fused, x, ROW_COUNTS)
+    assert set(ours) <= set(kernel), f"row counts where the kernel is invariant and ServingLinear is not: " \
+                                     f"{sorted(set(ours) - set(kernel))}"
+    if set(kernel) == set(ROW_COUNTS):
+        pytest.skip(f"this CPU's addmm is row-invariant for 64->96 at no row count tried ({ROW_COUNTS} of "
+                    "256 rows): nothing to compare; the self-check reports it (worker/determinism.py), "
+                    "fixed_rows forces it")
 
 
 @pytest.mark.parametrize("fixed", [8, 16])

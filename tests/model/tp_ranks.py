@@ -16,7 +16,19 @@ PAGE, PAGES = 4, 128
 
 def packed_forwards(runner: ModelRunner, pool: KVPool, args) -> list[torch.Tensor]:
     """Full forwards of 5 canvases (3 of them on fragmented pages), then ONE packed forward of 2
-    fresh prefills and 3 dual-cache decode steps on the first canvases' KV."""
+    fresh prefills and 3 dual-cache decode steps on the first canvases' KV. Returns the model's own
+    outputs, in the model's dtype (the runner hands the sampler float32 logits: a float64 forward
+    is compared before that cast)."""
+    raw: list[torch.Tensor] = []
+    hook = runner.model.register_forward_hook(lambda module, inputs, out: raw.append(out.detach().clone()))
+    try:
+        _packed_forwards(runner, pool, args)
+    finally:
+        hook.remove()
+    return raw
+
+
+def _packed_forwards(runner: ModelRunner, pool: KVPool, args) -> None:
     g = torch.Generator().manual_seed(7)
     lens = [40, 24, 33, 56, 29]
     canvases, allocs = [], []
@@ -31,15 +43,14 @@ def packed_forwards(runner: ModelRunner, pool: KVPool, args) -> list[torch.Tenso
         canvases.append(c)
         allocs.append(pool.allocate(f"r{i}", n))
     assert allocs[0].slot_ids is None and all(a.slot_ids is not None for a in allocs[2:])
-    outs = [runner.forward([ForwardItem(c, a, 0, c.numel(), c.numel() - 8, c.numel()) for c, a in
-                            zip(canvases[:3], allocs[:3])])]
+    runner.forward([ForwardItem(c, a, 0, c.numel(), c.numel() - 8, c.numel()) for c, a in
+                    zip(canvases[:3], allocs[:3])])
     items = [ForwardItem(canvases[3], allocs[3], 0, lens[3], lens[3] - 8, lens[3]),
              ForwardItem(canvases[4], allocs[4], 0, lens[4], lens[4] - 8, lens[4])]
     for c, a in zip(canvases[:3], allocs[:3]):
         n = c.numel()
         items.append(ForwardItem(c, a, n - 8, n, n - 8, n))                  # a block step against cached KV
-    outs.append(runner.forward(items))
-    return outs
+    runner.forward(items)
 
 
 def build(path: str, dtype: str, shard: TPShard | None):

@@ -41,7 +41,11 @@ def soaked(tiny_llada, tmp_path_factory):
 @pytest.mark.timeout(SOAK_S + 300)
 def test_soak_mixed_traffic_at_70_percent_of_capacity(soaked, figures):
     s, base, cap, name = soaked
-    rate = 0.7 * cap["capacity_req_s"]
+    # 70 % of the lower of the two measures: the search's 24-request Poisson probes last a fraction of
+    # a second at the tiny model's rates and can read high (119 req/s in one CI run whose soak at
+    # 70 % of that, 84 req/s, filled the 256-deep queue: 503s), the 16-request burst's throughput
+    # (68 req/s there) is what the server sustained for a while
+    rate = 0.7 * min(cap["capacity_req_s"], cap["burst_req_s"])
     warmup_s = min(60.0, SOAK_S / 4)
     t0 = time.monotonic()
     with MemorySampler(s.pid, every_s=2.0 if LONG else 1.0) as mem:

@@ -24,9 +24,16 @@ def growth_mb(entries: int) -> float:
 
 
 def test_bounded_kernel_caches_keep_bf16_matmuls_of_many_shapes_flat():
+    """With the bound, 600 bf16 shapes grow the process by < 30 MB on any CPU. Where the libraries'
+    defaults grow it (oneDNN's per-shape kernels: +288 MB on the machine of 2026-12-01), the bound must
+    cut that at least threefold; a CPU whose bf16 matmuls fill no such cache (an AMD EPYC here:
+    0.0 MB) has nothing to bound, and the test says so."""
     unbounded, bounded = growth_mb(0), growth_mb(ServerConfig().cpu_kernel_cache_entries)
-    assert unbounded > 100, f"the libraries' caches no longer grow ({unbounded:.1f} MB): is the bound still needed?"
     assert bounded < 30, (bounded, unbounded)
+    if unbounded < 30:
+        pytest.skip(f"this CPU's bf16 matmuls fill no per-shape kernel cache ({unbounded:.1f} MB with the "
+                    f"libraries' defaults, {bounded:.1f} MB bounded): nothing for the bound to cut here")
+    assert bounded < unbounded / 3, (bounded, unbounded)
 
 
 def test_bound_kernel_caches_sets_both_libraries_capacity():
