@@ -18,7 +18,9 @@ from dllm_server.model.tiny import make_tiny_model
 from .conftest import start_server
 
 BIN = Path(sys.executable).parent / "st"
-MAX_LEN, BLOCK, CHAT_MAX, EXAMPLES = 192, 8, 24, 120
+# 60 examples an operation and run: three runs (180) where the suite had one of 120 before issue 32;
+# the issue's own command (120 each, three seeds) is in README.md ("Talk to it") with its result
+MAX_LEN, BLOCK, CHAT_MAX, EXAMPLES = 192, 8, 24, 60
 
 
 @pytest.fixture(scope="module")

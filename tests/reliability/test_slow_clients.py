@@ -13,7 +13,9 @@ import pytest
 from .conftest import start
 from .tools import Probe, dumps, metrics, ms, quiet, raw_request, read_response, wait_for
 
-STALL_S = 3.0
+# 5 s: the phases beside 20 heavy streams last the stall window, and a short probe takes 0.5-1 s
+# there on a slow 2-core machine; at 3 s a phase held 2 samples and their median was noise
+STALL_S = 5.0
 # One token per forward, long canvases in every progress chunk: megabytes of output, which fill
 # the socket buffers of a client that reads nothing.
 HEAVY = {"prompt": [5, 6, 7], "max_tokens": 768, "steps": 768, "block_length": 256, "ignore_eos": True,
@@ -102,7 +104,7 @@ def test_other_streams_with_and_without_20_stalled_readers(server, figures):
         socks = _stalled(server.url, 20)
         assert wait_for(lambda: metrics(server.url)["dllm:num_requests_running"] >= 20, 60)
         phase("stalled", STALL_S - 0.5)
-        assert wait_for(lambda: metrics(server.url)["dllm:streams_stalled_total"] >= stalled_before + 20, 30)
+        assert wait_for(lambda: metrics(server.url).get("dllm:streams_stalled_total", 0) >= stalled_before + 20, 30)
         assert quiet(server.url, 20)
         phase("after", 2.0)
     for s in socks:
@@ -114,9 +116,11 @@ def test_other_streams_with_and_without_20_stalled_readers(server, figures):
             beside_20_stalled_readers=ms(stalled), after_the_20_were_dropped=ms(after))
     assert all((alone, readers, stalled, after)), phases
     # Medians asserted, p99s recorded: on a shared 2-core machine a p99 of a few dozen samples is
-    # whatever the slowest one met.
+    # whatever the slowest one met. Beside the 20 heavy streams a probe takes about a second, so
+    # those two phases hold 3-5 samples each: their medians are compared within 2x (a stalled
+    # reader that held up the others, the fault this guards against, costs several times that).
     assert ms(after)["p50_ms"] <= 2 * ms(alone)["p50_ms"] + 20
-    assert ms(stalled)["p50_ms"] <= 1.5 * ms(readers)["p50_ms"] + 20
+    assert ms(stalled)["p50_ms"] <= 2 * ms(readers)["p50_ms"] + 20
 
 
 def test_a_body_that_never_arrives_is_a_408(server):

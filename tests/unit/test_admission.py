@@ -36,6 +36,15 @@ def test_deficit_resets_when_nothing_waits():
     assert run([], deficit_tokens=777) == Admission((), 0, False)
 
 
+def test_deficit_resets_when_every_waiting_block_went_in():
+    # a light turn leaves no credit behind: a burst arriving next is admitted under the budget
+    a = run([cand(0, 91)], deficit_tokens=300)
+    assert a.admitted == ("r0",) and a.deficit_tokens == 0
+    burst = [cand(i, 92) for i in range(1, 22)]
+    b = run(burst, deficit_tokens=a.deficit_tokens)
+    assert len(b.admitted) == 1024 // 92 and b.deficit_tokens == 1024 - 92 * (1024 // 92)
+
+
 def test_deficit_accumulates_until_the_head_fits():
     deficit, iters = 0, 0
     while True:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..engine.async_engine import AsyncEngine
+from .body import Limits
 from .errors import APIError, error_body, error_response
 from .metrics import Metrics
 from .openapi import openapi_document, schema_limits
@@ -77,8 +78,8 @@ def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
         ready = engine.is_ready
         if ready not in docs:
             info, tok = engine.model_info, engine.tokenizer
-            limits = schema_limits(info.max_len, info.vocab_size, info.mask_id,
-                                   tok.vocab_size if tok else None) if ready else None
+            limits = schema_limits(info.max_len, info.vocab_size, info.mask_id, tok.vocab_size if tok else None,
+                                   Limits.from_config(engine.config)) if ready else None
             docs[ready] = openapi_document(model_name, limits)
         return JSONResponse(docs[ready])
     routes = [

@@ -33,19 +33,26 @@ def _get(summary: str, content_type: str = "application/json") -> dict:
         "503": {"description": "not ready"}}}}
 
 
-def schema_limits(max_len: int, vocab_size: int, mask_id: int, tokenizer_vocab: int | None) -> dict:
-    """The keywords each `x-dllm-bound` marker of the request models becomes for one model."""
+def schema_limits(max_len: int, vocab_size: int, mask_id: int, tokenizer_vocab: int | None,
+                  request=None) -> dict:
+    """The keywords each `x-dllm-bound` marker of the request models becomes for one model, and for
+    the server's request limits (`request`: api.body.Limits; the 400s check_limits gives)."""
     limits = {"max_tokens": {"maximum": max_len - 1},      # a 1-token prompt, blocks of 1
               "prompt_token": {"maximum": vocab_size - 1, "not": {"const": mask_id}}}
     if tokenizer_vocab is not None:
         limits["token"] = {"maximum": tokenizer_vocab - 1}
+    if request is not None:
+        limits["stop"] = {"array": {"maxItems": request.stop_strings}, "string": {"maxLength": request.stop_chars}}
+        limits["messages"] = {"array": {"maxItems": request.messages}}
     return limits
 
 
 def _apply_bounds(node, limits: dict) -> None:
     if isinstance(node, dict):
         kind = node.pop("x-dllm-bound", None)
-        if kind in limits:     # on the integer branch of an optional field, so generators see it there
+        if kind in ("stop", "messages") and kind in limits:     # by JSON type, on every branch and item
+            _by_type(node, limits[kind])
+        elif kind in limits:     # on the integer branch of an optional field, so generators see it there
             ints = [b for b in node.get("anyOf", []) if b.get("type") == "integer"]
             for target in ints or [node]:
                 target.update(limits[kind])
@@ -54,6 +61,15 @@ def _apply_bounds(node, limits: dict) -> None:
     elif isinstance(node, list):
         for value in node:
             _apply_bounds(value, limits)
+
+
+def _by_type(node: dict, keywords: dict) -> None:
+    """`keywords[t]` onto every branch of JSON type t: the node, its anyOf branches, array items."""
+    for branch in node.get("anyOf", [node]):
+        branch.update(keywords.get(branch.get("type"), {}))
+        items = branch.get("items")
+        if isinstance(items, dict) and "type" in items:
+            items.update(keywords.get(items["type"], {}))
 
 
 def openapi_document(model_name: str, limits: dict | None = None) -> dict:

@@ -77,7 +77,8 @@ class DiffusionFields(OpenAIModel):
     min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below min_p x the top token's probability")
     seed: integer(ge=0, le=MAX_SEED) | None = None
     stop: Union[NonEmptyStr, list[NonEmptyStr], None] = Field(None, description="a stop string or a list; their "
-                                                              "number and length are capped by the server's limits")
+                                                              "number and length are capped by the server's limits",
+                                                              json_schema_extra={"x-dllm-bound": "stop"})
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: integer(ge=1, le=MAX_N) = Field(1, description="independent samples of each prompt: sample i uses seed + i "
@@ -144,7 +145,7 @@ class ChatMessage(OpenAIModel):
 
 
 class ChatCompletionRequest(DiffusionFields):
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, json_schema_extra={"x-dllm-bound": "messages"})
     logprobs: of.ChatLogprobs = None
     top_logprobs: of.ChatTopLogprobs = None
     tools: of.Tools = None
@@ -198,7 +199,7 @@ class TokenizePrompt(OpenAIModel):
 
 class TokenizeMessages(OpenAIModel):
     model: str | None = None
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, json_schema_extra={"x-dllm-bound": "messages"})
 
 
 class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):

@@ -87,7 +87,8 @@ class AsyncEngine:
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load)
+        self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load,
+                                   defer=loop.call_soon)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
                                loop, self._on_messages, self._on_death)
         self.pool.start_all()

@@ -60,7 +60,7 @@ class _Retry:
 class Scheduler:
     def __init__(self, config, roles: list[str], tokenizer, send: Callable[[int, object], None],
                  policy: DecodePolicy, clock: Callable[[], float] = time.monotonic,
-                 load: WorkerLoadModel | None = None):
+                 load: WorkerLoadModel | None = None, defer: Callable[[Callable[[], None]], object] | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.send = send
@@ -78,12 +78,36 @@ class Scheduler:
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
         self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
+        # An observing policy's admissions wait for the end of the loop turn (`defer`: the engine's
+        # loop.call_soon) and are decided in one batched call: a burst is priced together and sent
+        # to the workers together, where one decision each (a millisecond with the tree predictor)
+        # spread it out so that a worker's first iteration started with its first request alone.
+        self.defer = defer
+        self._arrivals: list[Entry] = []
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
         entry.arrived_at = entry.state.arrived_at = self.clock()
         self.requests.add(entry)
+        if self.defer is not None and self.policy.observes:
+            self._arrivals.append(entry)
+            if len(self._arrivals) == 1:
+                self.defer(self.admit_arrivals)
+            return
         self._dispatch(entry, self._block_policy(entry))
+
+    def admit_arrivals(self) -> None:
+        """The requests added since the last call: their first blocks decided in one batched call,
+        dispatched together, their next blocks' leases decided together after that."""
+        arrivals = [e for e in self._arrivals if not e.done and e.worker is None]
+        self._arrivals.clear()
+        if not arrivals:
+            return
+        policies = self.policy.block_policies([(e.state, e.state.block_index) for e in arrivals])
+        for entry, policy in zip(arrivals, policies):
+            self._dispatch(entry, policy, lease_later=True)
+        if self._leases:
+            self._grant_leases()
 
     def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
         entry = self.requests.get(request_id)
@@ -94,7 +118,8 @@ class Scheduler:
         st = entry.state
         return self.policy.block_policy(st, st.block_index if block_index is None else block_index)
 
-    def _dispatch(self, entry: Entry, policy: BlockPolicy, any_role: bool = False, step_offset: int = 0) -> None:
+    def _dispatch(self, entry: Entry, policy: BlockPolicy, any_role: bool = False, step_offset: int = 0,
+                  lease_later: bool = False) -> None:
         st = entry.state
         tokens = st.prompt_len + st.answer_len
         pages = self.workers.pages_for(tokens)
@@ -114,8 +139,10 @@ class Scheduler:
             self.counters.prefills_overflowed += 1
         handoff = role == "prefill" and not any_role
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
-        then = None if handoff else self._lease(entry, wid, loads)
+        then = None if handoff or lease_later else self._lease(entry, wid, loads)
         self.requests.set_lease(entry, then)
+        if lease_later and not handoff and st.block_index + 1 < st.num_blocks:
+            self._leases.append((entry, wid, st.block_index))      # decided with the batch's others
         msg = st.submit_msg(policy, then, step_offset)
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)

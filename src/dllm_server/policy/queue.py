@@ -57,6 +57,12 @@ class Others:
         z = np.zeros(0)
         return cls(z, z, z, z)
 
+    def plus(self, extra: list[tuple[float, float, float]], weight: float) -> "Others":
+        """These and `extra` (forwards, recomputes, canvas) requests, each of the latter at `weight`."""
+        f, r, c = (np.asarray(v, dtype=float) for v in zip(*extra))
+        return Others(np.concatenate([self.forwards, f]), np.concatenate([self.recomputes, r]),
+                      np.concatenate([self.canvas, c]), np.concatenate([self.weight, np.full(len(f), weight)]))
+
 
 def queued_seconds(forwards: np.ndarray, recomputes: np.ndarray, canvas: float, others: Others,
                    unit: UnitCosts, own: tuple[float, float, float] | None = None) -> np.ndarray:

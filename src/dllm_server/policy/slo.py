@@ -235,6 +235,11 @@ class SLOPolicy(StaticPolicy):
             return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait)
         others = self._others(workers)
         secs = np.empty_like(work)
+        # New requests decided in this call (a burst admitted together) see the ones before them in
+        # the call, at the cap's work (the most they may bring) and unplaced: a 1/W share on each
+        # worker, as _build_others counts them once decided
+        at_cap = int(np.argmin(np.abs(np.asarray(self.candidates) - self.cap)))
+        peers: list[tuple[float, float, float]] = []
         for i, (st, _) in enumerate(items):
             rid = st.request_id
             w = self.where.get(rid)
@@ -245,8 +250,11 @@ class SLOPolicy(StaticPolicy):
                 own = (float(self.work[rid][j]), float(self.recomputes[rid][j]), 1.0 if w is not None else
                        1.0 / len(workers))
             options = [w] if w in units else workers
-            per = [queued_seconds(work[i], recomputes[i], canvas, others[o], units[o], own) for o in options]
+            ahead = {o: others[o].plus(peers, 1.0 / len(workers)) for o in options} if peers else others
+            per = [queued_seconds(work[i], recomputes[i], canvas, ahead[o], units[o], own) for o in options]
             secs[i] = np.min(per, axis=0)
+            if rid not in self.work:
+                peers.append((float(work[i, at_cap]), float(recomputes[i, at_cap]), canvas))
         return secs
 
     def _others(self, workers: list[int]) -> dict[int, Others]:

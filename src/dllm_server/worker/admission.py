@@ -16,9 +16,12 @@ Per worker iteration (reference/sangam.md §2, with its starvation hole closed):
    pages (a continued block, `pages_needed == 0`) may still go in under the budget and seat rules;
    no later block that needs pages may. Pages come back only when holders finish, so a head that
    waits for pages behind holders that wait for it would deadlock (found by the simulator).
-3. Deficit: unused credit carries forward (`avail - spent`, never negative); it resets to 0 when
-   nothing waits; a stall on memory or seats earns no new credit (only the old deficit carries,
-   minus what admissions overspent).
+3. Deficit: unused credit carries forward (`avail - spent`, never negative) while blocks still
+   wait; it resets to 0 when nothing waits or every waiting block was admitted (deficit round
+   robin's rule: credit from a turn with little to admit must not let a burst that arrives next
+   in as one oversized iteration: 21 prefills, 0.83 s, measured before the rule); a stall on
+   memory or seats earns no new credit (only the old deficit carries, minus what admissions
+   overspent).
 `token_budget=None` means unlimited (prefill priority).
 """
 from __future__ import annotations
@@ -80,8 +83,9 @@ def admit(waiting: Sequence[PrefillCandidate], *, decode_tokens: int, token_budg
         admitted.append(c.request_id)
         spent += c.cost_tokens
         free_pages -= c.pages_needed
-    if unlimited:
-        deficit = 0
+    if unlimited or len(admitted) == len(waiting):
+        deficit = 0        # the queue emptied: unused credit does not carry (DRR), or a burst after a
+        #                    light turn would come in as one oversized iteration
     elif memory_stalled or seat_stalled:
         deficit = max(0, deficit_tokens - max(0, spent - earned))
     else:
