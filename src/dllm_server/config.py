@@ -75,8 +75,8 @@ class ServerConfig:
                                       "the highest threshold load control allows")
     quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose")
     slo_raise_slack: float = _f(0.3, "slo policy: a threshold above --threshold only when its predicted latency "
-                                "leaves this share of the request's remaining SLO budget unused, and never while "
-                                "load control caps thresholds (docs/slo.md)")
+                                "leaves this share of the request's remaining SLO budget unused, for a request alone on "
+                                "its worker, never while load control caps thresholds (docs/slo.md)")
     load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
                             "exceed the cluster's capacity")
     load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the "

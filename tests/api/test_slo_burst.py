@@ -1,8 +1,9 @@
 """A simultaneous burst against the slo policy (issue 33), of the benchmark's shape
 (bench/slo_burst.py): the requests arrive at once, first each naming the fixed default 0.9, then
 the same requests with an SLO set to the latency the fixed run met for 30 % of them. The policy
-must meet at least as many SLOs as the fixed threshold it replaces, and a request it gives a
-threshold above the default (only with 30 % of its budget to spare) meets its SLO. On the embedded
+must meet at least as many SLOs as the fixed threshold it replaces, and gives a threshold above
+the default to no request that shares its worker (in a burst: none but the one that found the
+server idle). On the embedded
 demo model (v3: its task answers take one to a few forwards, its chat answers a forward a position).
 
 (Not on a tiny random checkpoint: its blocks end in one or two forwards at low thresholds, so a
@@ -20,26 +21,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from slo_burst import burst, burst_requests, summarise  # noqa: E402
 
 
+ROUNDS = 3
+
+
 def test_a_burst_meets_at_least_as_many_slos_as_fixed_0_9(tmp_path):
     s = start_server(None, "--threshold-policy", "slo", tmp_path=tmp_path)
+    rounds = []
     try:
         reqs = burst_requests(24)
         asyncio.run(burst(s.url, reqs[:3], {"threshold": 0.9}))                    # warm-up
-        fixed = asyncio.run(burst(s.url, reqs, {"threshold": 0.9}))
-        slo_s = float(np.quantile([o["latency_s"] for o in fixed], 0.3))
-        policy = asyncio.run(burst(s.url, reqs, {"slo_ms": 1e3 * slo_s}))
+        for _ in range(ROUNDS):
+            fixed = asyncio.run(burst(s.url, reqs, {"threshold": 0.9}))
+            slo_s = float(np.quantile([o["latency_s"] for o in fixed], 0.3))
+            rounds.append((slo_s, fixed, asyncio.run(burst(s.url, reqs, {"slo_ms": 1e3 * slo_s}))))
     finally:
         s.stop()
-    f, p = summarise(fixed, slo_s), summarise(policy, slo_s)
-    print(f"SLO {slo_s:.2f} s; fixed 0.9 {f}; slo policy {p}")
+    met_fixed = met_policy = 0
+    for slo_s, fixed, policy in rounds:
+        f, p, p_slack = summarise(fixed, slo_s), summarise(policy, slo_s), summarise(policy, 1.1 * slo_s)
+        print(f"SLO {slo_s:.2f} s; fixed 0.9 {f}; slo policy {p}; policy within 1.1 x SLO {p_slack['attainment']:.3f}")
+        met_fixed += f["attainment"] * len(fixed)
+        met_policy += p_slack["attainment"] * len(policy)
     # On v3 a task answer takes one or two forwards, so the burst's latencies come in waves (one
-    # iteration of about ten prefills each) and the 30 % SLO falls on the first wave's end: the
-    # same wave a few milliseconds later meets none of it. The policy is held to fixed 0.9's
-    # attainment at that SLO with 10 % of it for wave timing (bench/slo_burst.py reports the exact
-    # SLO: 28-38 % against 30 % in four rounds of 40, docs/slo.md).
-    p_slack = summarise(policy, 1.1 * slo_s)
-    assert p_slack["attainment"] >= f["attainment"] - 0.05, (f, p, p_slack)
-    # Above the default only with slack to spare (--slo-raise-slack): a raised request meets its SLO
-    # (one may miss by timing noise on a shared machine); the rule itself: tests/unit/test_slo_policy.py
-    raised = [o for o in policy if max(o["thresholds"]) > 0.9]
-    assert sum(o["latency_s"] > slo_s for o in raised) <= 1, [(o["thresholds"], o["latency_s"]) for o in raised]
+    # iteration of about ten prefills each) and the 30 % SLO falls on a wave's end: the same wave
+    # a few milliseconds later meets none of it, and which requests open a worker's first
+    # iteration shifts every wave by up to 0.1 s from one burst to the next (either way, either
+    # config). So the policy is held to fixed 0.9's attainment over three rounds together, with
+    # 10 % of each round's SLO for wave timing (bench/slo_burst.py reports the exact SLO, docs/slo.md).
+    n = sum(len(policy) for _, _, policy in rounds)
+    assert met_policy >= met_fixed - 0.05 * n, (met_fixed, met_policy, n)
+    # Above the default only for a request alone on its worker with slack to spare: in a burst at
+    # most the one that found the server idle (the rule itself: tests/unit/test_slo_policy.py)
+    raised = [o for _, _, policy in rounds for o in policy if max(o["thresholds"]) > 0.9]
+    assert len(raised) <= ROUNDS, [(o["thresholds"], o["latency_s"]) for o in raised]

@@ -162,6 +162,8 @@ def test_a_threshold_above_the_default_needs_slack_and_no_cap():
     assert pick(10.0) == 0.9                                     # 0.95 fits (8 <= 10) but not with 30 % to spare
     assert pick(8.0 / 0.7) == 0.95                               # exactly the slack
     assert pick(100.0, cap=0.9) == 0.9                           # load control caps: never above the default
+    shared = CANDS[int(choose_indices(CANDS, secs, np.array([100.0]), 0.95, 0.5, 0.9, 0.3, np.array([False]))[0])]
+    assert shared == 0.9                                         # its worker runs others too: never above the default
     assert pick(6.5) == 0.8 and pick(1.0) == 0.5                 # below the default: the plain rule
     no_rule = CANDS[int(choose_indices(CANDS, secs, np.array([10.0]), 0.95, 0.5)[0])]
     assert no_rule == 0.95                                       # (without a default, the old rule)

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..decoding.params import BlockPolicy
-from ..messages import (Abort, BlockDone, ContinueBlock, Evict, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
+from ..messages import (Abort, BlockDone, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
                         PrefillDone, StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from .output import advance, progress_event
-from .placement import WorkerLoad, keeps_request, pick_by_completion, pick_prefill_worker
+from .leases import completion, grant_leases, lease
+from .placement import pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
 from ..policy.load_model import WorkerLoadModel
 from .request_state import GenerationOutput
@@ -30,23 +31,17 @@ from .workers import WorkerTable
 log = logging.getLogger(__name__)
 
 
-def keeps(sched: "Scheduler", entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
-    """Would the router run the request's next block on `wid`, where its current one runs?"""
-    st = entry.state
-    if st.block_index + 1 >= st.num_blocks:
-        return False
-    if st.params.block_causal:      # sticky: its pages hold exact KV, the worker goes on where it is
-        return True
-    loads = loads or sched.workers.loads(minus=entry.charged)   # the others' load, not this block's
-    return keeps_request(loads, sched.config.placement, wid, sched.workers.pages_for(st.prompt_len + st.answer_len),
-                         completion(sched, entry))
-
-
-def completion(sched: "Scheduler", entry: Entry) -> dict[int, float] | None:
-    """Predicted completion of the request's next block per worker (routing = completion)."""
-    if sched.config.routing == "completion" and sched.config.placement == "colocated":
-        return sched.load.completion_estimates(range(len(sched.workers)), entry.state)
-    return None
+def _on_step(sched: "Scheduler", entry: Entry, wid: int, msg: StepDelta) -> None:
+    """A step of the request's block ran: its charge ends, its first step and first token are timed."""
+    if msg.step == 0 or entry.charged is not None:
+        sched.workers.uncharge(entry)
+    sched.requests.started(entry)
+    now = None
+    if entry.first_step_at is None:
+        entry.first_step_at = now = sched.clock()
+    if msg.positions and entry.first_token_at is None:
+        entry.first_token_at = now or sched.clock()
+    sched.handoffs.on_step(entry.state.request_id, wid)
 
 
 @dataclass(slots=True)
@@ -78,10 +73,8 @@ class Scheduler:
         self.failed_event = asyncio.Event()
         self.failure: str | None = None                # startup failure of a worker
         self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
-        # An observing policy's admissions wait for the end of the loop turn (`defer`: the engine's
-        # loop.call_soon) and are decided in one batched call: a burst is priced together and sent
-        # to the workers together, where one decision each (a millisecond with the tree predictor)
-        # spread it out so that a worker's first iteration started with its first request alone.
+        # An observing policy's admissions wait for the loop turn's end (`defer`: loop.call_soon), decided in one
+        # batched call and sent together (one each spread a burst: a worker's first iteration ran its first alone).
         self.defer = defer
         self._arrivals: list[Entry] = []
 
@@ -99,6 +92,8 @@ class Scheduler:
     def admit_arrivals(self) -> None:
         """The requests added since the last call: their first blocks decided in one batched call,
         dispatched together, their next blocks' leases decided together after that."""
+        with open("/tmp/d/timing.txt", "a") as fh:
+            fh.write(f"{time.monotonic():.3f} admit {len(self._arrivals)}\n")
         arrivals = [e for e in self._arrivals if not e.done and e.worker is None]
         self._arrivals.clear()
         if not arrivals:
@@ -107,7 +102,7 @@ class Scheduler:
         for entry, policy in zip(arrivals, policies):
             self._dispatch(entry, policy, lease_later=True)
         if self._leases:
-            self._grant_leases()
+            grant_leases(self, self._leases)
 
     def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
         entry = self.requests.get(request_id)
@@ -139,7 +134,7 @@ class Scheduler:
             self.counters.prefills_overflowed += 1
         handoff = role == "prefill" and not any_role
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
-        then = None if handoff or lease_later else self._lease(entry, wid, loads)
+        then = None if handoff or lease_later else lease(self, entry, wid, loads)
         self.requests.set_lease(entry, then)
         if lease_later and not handoff and st.block_index + 1 < st.num_blocks:
             self._leases.append((entry, wid, st.block_index))      # decided with the batch's others
@@ -149,22 +144,6 @@ class Scheduler:
         entry.worker = wid
         self.workers.charge(entry, wid, tokens)
         self.send(wid, msg)
-
-    def _lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
-        """The next block's policy if the router would keep the request on `wid`, else None."""
-        return self._block_policy(entry, entry.state.block_index + 1) if keeps(self, entry, wid, loads) else None
-
-    def _grant_leases(self) -> None:
-        """Leases for the blocks that continued in place this tick, the policy asked once for all."""
-        live = [(e, w) for e, w, k in self._leases if not e.done and e.worker == w and e.state.block_index == k]
-        self._leases.clear()
-        for e, w in live:
-            if self.workers[w].planned:      # continued on an instance being drained: ask the block back
-                self.send(w, Evict(e.state.request_id, e.state.block_index))
-        todo = [(e, w) for e, w in live if keeps(self, e, w)]
-        for (e, w), then in zip(todo, self.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])):
-            self.requests.set_lease(e, then)
-            self.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))
 
     def _finish(self, entry: Entry, output: GenerationOutput, abort_worker: bool) -> None:
         rid = entry.state.request_id
@@ -208,12 +187,14 @@ class Scheduler:
                 if entry is not None:
                     self._on_request_message(entry, wid, msg)
         if self._leases:
-            self._grant_leases()
+            grant_leases(self, self._leases)
         self._retry_waiting()
         if observes:
             self._revise()
         self.ticks += 1
         self.tick_s += time.perf_counter() - t0
+        with open("/tmp/d/timing.txt", "a") as fh:
+            fh.write(f"{time.monotonic():.3f} tick w{wid} {len(batch)} {1e3*(time.perf_counter()-t0):.2f} ms {[type(m).__name__ for m in batch][:6]}\n")
 
     def _revise(self) -> None:
         """Let an observing policy re-decide running blocks and leased next blocks (it
@@ -230,7 +211,7 @@ class Scheduler:
     def _on_request_message(self, entry: Entry, wid: int, msg) -> None:
         st = entry.state
         if isinstance(msg, StepDelta):
-            self._on_step(entry, wid, msg)
+            _on_step(self, entry, wid, msg)
         elif isinstance(msg, Evicted):
             if msg.removed and entry.worker == wid and st.block_index == msg.block_index:
                 self.workers.uncharge(entry)             # taken back before it started: run it elsewhere
@@ -267,17 +248,6 @@ class Scheduler:
         elif outcome.next_block:
             self._dispatch(entry, self._block_policy(entry))
 
-    def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
-        if msg.step == 0 or entry.charged is not None:
-            self.workers.uncharge(entry)
-        self.requests.started(entry)
-        now = None
-        if entry.first_step_at is None:
-            entry.first_step_at = now = self.clock()
-        if msg.positions and entry.first_token_at is None:
-            entry.first_token_at = now or self.clock()
-        self.handoffs.on_step(entry.state.request_id, wid)
-
     def _run(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, Send):
@@ -288,7 +258,7 @@ class Scheduler:
                 continue
             if isinstance(a, InstallBlock):
                 # block-causal: the decode worker keeps the request, with the next block's lease
-                then = self._lease(entry, a.dst) if entry.state.params.block_causal else None
+                then = lease(self, entry, a.dst) if entry.state.params.block_causal else None
                 self.requests.set_lease(entry, then)
                 self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
             elif isinstance(a, Moved):

@@ -198,8 +198,8 @@ class SLOPolicy(StaticPolicy):
         causal = np.asarray([st.params.block_causal for st, _ in items])
         first = np.asarray([k == 0 for _, k in items])
         recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
-        secs = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
-        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack)
+        secs, alone = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
+        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack, alone)
         out = []
         for i, ((st, k), p, j) in enumerate(zip(items, progs, pick)):
             tau = cands[j]
@@ -222,19 +222,24 @@ class SLOPolicy(StaticPolicy):
             out.append(tau)
         return out
 
-    def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> np.ndarray:
+    def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> tuple[np.ndarray, np.ndarray]:
         """[R, C] predicted remaining latency: the work ahead on the request's worker (on the best
         worker for one not placed yet), or, before any worker has a step-time model, its own
-        forwards at the worker's current iteration time."""
+        forwards at the worker's current iteration time; and [R] whether the request would have
+        its worker to itself (nothing else in flight there, no peer admitted in the same call)."""
         units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
         workers = list(units)
+        new = sum(st.request_id not in self.work for st, _ in items)     # admissions in this call
         if not workers:
             costs = [self.load.costs(self.where.get(st.request_id)) for st, _ in items]
             t_iter = np.asarray([c[0] for c in costs])[:, None]
             t_wait = np.asarray([c[1] for c in costs])[:, None]
-            return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait)
+            alone = np.asarray([len(self.work) - (st.request_id in self.work) == 0 and new - (st.request_id not in
+                                self.work) == 0 for st, _ in items])
+            return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait), alone
         others = self._others(workers)
         secs = np.empty_like(work)
+        alone = np.zeros(len(items), dtype=bool)
         # New requests decided in this call (a burst admitted together) see the ones before them in
         # the call, at the cap's work (the most they may bring) and unplaced: a 1/W share on each
         # worker, as _build_others counts them once decided
@@ -253,9 +258,11 @@ class SLOPolicy(StaticPolicy):
             ahead = {o: others[o].plus(peers, 1.0 / len(workers)) for o in options} if peers else others
             per = [queued_seconds(work[i], recomputes[i], canvas, ahead[o], units[o], own) for o in options]
             secs[i] = np.min(per, axis=0)
+            alone[i] = new - (rid not in self.work) == 0 and any(
+                others[o].weight.sum() - (own[2] if own else 0.0) < 1e-9 for o in options)
             if rid not in self.work:
                 peers.append((float(work[i, at_cap]), float(recomputes[i, at_cap]), canvas))
-        return secs
+        return secs, alone
 
     def _others(self, workers: list[int]) -> dict[int, Others]:
         """Every live request's remaining work at its latest decision, per worker; one the router
