@@ -92,8 +92,6 @@ class Scheduler:
     def admit_arrivals(self) -> None:
         """The requests added since the last call: their first blocks decided in one batched call,
         dispatched together, their next blocks' leases decided together after that."""
-        with open("/tmp/d/timing.txt", "a") as fh:
-            fh.write(f"{time.monotonic():.3f} admit {len(self._arrivals)}\n")
         arrivals = [e for e in self._arrivals if not e.done and e.worker is None]
         self._arrivals.clear()
         if not arrivals:
@@ -193,8 +191,6 @@ class Scheduler:
             self._revise()
         self.ticks += 1
         self.tick_s += time.perf_counter() - t0
-        with open("/tmp/d/timing.txt", "a") as fh:
-            fh.write(f"{time.monotonic():.3f} tick w{wid} {len(batch)} {1e3*(time.perf_counter()-t0):.2f} ms {[type(m).__name__ for m in batch][:6]}\n")
 
     def _revise(self) -> None:
         """Let an observing policy re-decide running blocks and leased next blocks (it
