@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..messages import ContinueBlock, Evict
+from .scheduler import retry_waiting
 
 
 def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
@@ -250,7 +251,7 @@ class Regroup:
                 return self.start[w]
             return old[w] if w < len(old) and w not in self.stop else ()
         layout = Layout(tuple(devices(w) for w in range(slots)))
-        sched._retry_waiting()
+        retry_waiting(sched)
         drain_s = {w: t - self.wave_began_at[self.wave_of(w)] for w, t in sorted(self.drained_at.items())}
         sched.counters.reconfigurations += 1
         sched.counters.drain_seconds += sum(drain_s.values())

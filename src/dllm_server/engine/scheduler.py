@@ -44,6 +44,17 @@ def _on_step(sched: "Scheduler", entry: Entry, wid: int, msg: StepDelta) -> None
     sched.handoffs.on_step(entry.state.request_id, wid)
 
 
+def retry_waiting(sched: "Scheduler") -> None:
+    """Held handoffs and blocks that found no worker with room, tried again."""
+    sched._run(sched.handoffs.retry_held())
+    pending = sched.requests.pending
+    for _ in range(len(pending)):
+        r = pending.popleft()
+        entry = sched.requests.get(r.request_id)
+        if entry is not None:
+            sched._dispatch(entry, r.policy, r.any_role, r.step_offset)
+
+
 @dataclass(slots=True)
 class _Retry:
     request_id: str
@@ -74,9 +85,11 @@ class Scheduler:
         self.failure: str | None = None                # startup failure of a worker
         self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
         # An observing policy's admissions wait for the loop turn's end (`defer`: loop.call_soon), decided in one
-        # batched call and sent together (one each spread a burst: a worker's first iteration ran its first alone).
+        # batched call and sent together (one each spread a burst: a worker's first iteration ran its first alone);
+        # its revisions too, after the turn's finished requests are answered (40 in flight: 47 ms a revision).
         self.defer = defer
         self._arrivals: list[Entry] = []
+        self._deferred: set = set()
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
@@ -84,9 +97,7 @@ class Scheduler:
         self.requests.add(entry)
         if self.defer is not None and self.policy.observes:
             self._arrivals.append(entry)
-            if len(self._arrivals) == 1:
-                self.defer(self.admit_arrivals)
-            return
+            return self._later(self.admit_arrivals)
         self._dispatch(entry, self._block_policy(entry))
 
     def admit_arrivals(self) -> None:
@@ -101,6 +112,14 @@ class Scheduler:
             self._dispatch(entry, policy, lease_later=True)
         if self._leases:
             grant_leases(self, self._leases)
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """`fn` once at the end of this loop turn however often asked (now, without a loop)."""
+        if self.defer is None:
+            return fn()
+        if fn not in self._deferred:
+            self._deferred.add(fn)
+            self.defer(lambda: (self._deferred.discard(fn), fn()))
 
     def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
         entry = self.requests.get(request_id)
@@ -186,9 +205,9 @@ class Scheduler:
                     self._on_request_message(entry, wid, msg)
         if self._leases:
             grant_leases(self, self._leases)
-        self._retry_waiting()
+        retry_waiting(self)
         if observes:
-            self._revise()
+            self._later(self._revise)
         self.ticks += 1
         self.tick_s += time.perf_counter() - t0
 
@@ -262,15 +281,6 @@ class Scheduler:
             elif isinstance(a, FallBack):
                 entry.worker = None
                 self._dispatch(entry, a.policy, any_role=True, step_offset=a.steps)
-
-    def _retry_waiting(self) -> None:
-        self._run(self.handoffs.retry_held())
-        pending = self.requests.pending
-        for _ in range(len(pending)):
-            r = pending.popleft()
-            entry = self.requests.get(r.request_id)
-            if entry is not None:
-                self._dispatch(entry, r.policy, r.any_role, r.step_offset)
 
     # ---- runtime policy ----
     def set_policy(self, worker_id: int | None = None, overflow_threshold_tokens: int | None = None,
