@@ -47,10 +47,13 @@ def schema_limits(max_len: int, vocab_size: int, mask_id: int, tokenizer_vocab: 
     return limits
 
 
+_JSON_TYPES = {"array", "string", "integer", "number", "boolean", "object"}
+
+
 def _apply_bounds(node, limits: dict) -> None:
     if isinstance(node, dict):
         kind = node.pop("x-dllm-bound", None)
-        if kind in ("stop", "messages") and kind in limits:     # by JSON type, on every branch and item
+        if kind in limits and set(limits[kind]) <= _JSON_TYPES:     # keywords per JSON type: every branch and item
             _by_type(node, limits[kind])
         elif kind in limits:     # on the integer branch of an optional field, so generators see it there
             ints = [b for b in node.get("anyOf", []) if b.get("type") == "integer"]

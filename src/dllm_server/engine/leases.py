@@ -1,7 +1,7 @@
 """Leases: a request's next block continued on the worker that runs its current one, when the
 router would put it there anyway (its canvas stays resident; no re-dispatch round trip). The
-scheduler (`sched` below: engine/scheduler.py's Scheduler) collects the blocks that continued in a tick and decides their leases in one batched
-policy call here."""
+scheduler (`sched` below: engine/scheduler.py's Scheduler) collects the blocks that continued in
+a tick and decides their leases in one batched policy call here."""
 from __future__ import annotations
 
 from ..decoding.params import BlockPolicy

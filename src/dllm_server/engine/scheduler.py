@@ -86,7 +86,8 @@ class Scheduler:
         self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
         # An observing policy's admissions wait for the loop turn's end (`defer`: loop.call_soon), decided in one
         # batched call and sent together (one each spread a burst: a worker's first iteration ran its first alone);
-        # its revisions too, after the turn's finished requests are answered (40 in flight: 47 ms a revision).
+        # its revisions too, after the turn's finished requests are answered (40 in flight: ~47 ms a revision,
+        # timed once around the call, docs/slo.md).
         self.defer = defer
         self._arrivals: list[Entry] = []
         self._deferred: set = set()
@@ -97,8 +98,9 @@ class Scheduler:
         self.requests.add(entry)
         if self.defer is not None and self.policy.observes:
             self._arrivals.append(entry)
-            return self._later(self.admit_arrivals)
-        self._dispatch(entry, self._block_policy(entry))
+            self._later(self.admit_arrivals)
+        else:
+            self._dispatch(entry, self._block_policy(entry))
 
     def admit_arrivals(self) -> None:
         """The requests added since the last call: their first blocks decided in one batched call,
@@ -153,8 +155,8 @@ class Scheduler:
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
         then = None if handoff or lease_later else lease(self, entry, wid, loads)
         self.requests.set_lease(entry, then)
-        if lease_later and not handoff and st.block_index + 1 < st.num_blocks:
-            self._leases.append((entry, wid, st.block_index))      # decided with the batch's others
+        if lease_later and not handoff:
+            self._leases.append((entry, wid, st.block_index))      # decided with the batch's others (leases.keeps)
         msg = st.submit_msg(policy, then, step_offset)
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)

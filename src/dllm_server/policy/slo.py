@@ -229,13 +229,16 @@ class SLOPolicy(StaticPolicy):
         its worker to itself (nothing else in flight there, no peer admitted in the same call)."""
         units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
         workers = list(units)
-        new = sum(st.request_id not in self.work for st, _ in items)     # admissions in this call
-        if not workers:
+        new = {st.request_id for st, _ in items if st.request_id not in self.work}    # admissions in this call
+
+        def solo(rid: str) -> bool:             # no other admission in this call
+            return not new - {rid}
+
+        if not workers:     # no worker's load known yet: alone when nothing else is in flight anywhere
             costs = [self.load.costs(self.where.get(st.request_id)) for st, _ in items]
             t_iter = np.asarray([c[0] for c in costs])[:, None]
             t_wait = np.asarray([c[1] for c in costs])[:, None]
-            alone = np.asarray([len(self.work) - (st.request_id in self.work) == 0 and new - (st.request_id not in
-                                self.work) == 0 for st, _ in items])
+            alone = np.asarray([solo(st.request_id) and all(r == st.request_id for r in self.work) for st, _ in items])
             return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait), alone
         others = self._others(workers)
         secs = np.empty_like(work)
@@ -258,8 +261,7 @@ class SLOPolicy(StaticPolicy):
             ahead = {o: others[o].plus(peers, 1.0 / len(workers)) for o in options} if peers else others
             per = [queued_seconds(work[i], recomputes[i], canvas, ahead[o], units[o], own) for o in options]
             secs[i] = np.min(per, axis=0)
-            alone[i] = new - (rid not in self.work) == 0 and any(
-                others[o].weight.sum() - (own[2] if own else 0.0) < 1e-9 for o in options)
+            alone[i] = solo(rid) and any(others[o].weight.sum() - (own[2] if own else 0.0) < 1e-9 for o in options)
             if rid not in self.work:
                 peers.append((float(work[i, at_cap]), float(recomputes[i, at_cap]), canvas))
         return secs, alone
