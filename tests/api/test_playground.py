@@ -192,17 +192,22 @@ def test_playground_in_a_browser(tmp_path):
             goto_step(page, n)
 
             # Two more tabs: one long request holds the KV pool, the next waits for room (queue full).
+            # The second tab is sent only once the server runs the first: sent earlier (a loaded
+            # machine admits late), it would find the one-request queue still full.
             tabs = []
-            for _ in range(2):
+            for running, waiting in ((1, 0), (1, 1)):
                 tab = context.new_page()
                 tab.goto(server.url + "/playground")
                 tab.fill("#api_key", KEY)
                 fill(tab, "completion", **LONG)
                 tab.click("#send")
                 tabs.append(tab)
-                tab.wait_for_selector("body[data-run=running]")
-            assert wait_for(lambda: metric(server, "dllm:num_requests_waiting") == 1
-                            and metric(server, "dllm:kv_cache_usage_perc") > 0)
+                held = wait_for(lambda: metric(server, "dllm:num_requests_running") == running
+                                and metric(server, "dllm:num_requests_waiting") == waiting
+                                and metric(server, "dllm:kv_cache_usage_perc") > 0, timeout=30)
+                state = tab.evaluate("document.body.dataset.run")
+                assert held and state == "running", (len(tabs), state, tab.text_content("#message"),
+                                                     [metric(server, f"dllm:num_requests_{k}") for k in ("running", "waiting")])
             fill(page, "chat", **CHAT)
             send(page, "failed")
             assert "503" in page.text_content("#message") and "queue is full" in page.text_content("#message")
