@@ -180,3 +180,70 @@ def test_capacity_counts_a_recompute_step_per_block():
     four_blocks = load.capacity(float("inf"), arrival_rate=10.0, blocks_per_request=4.0)
     assert four_blocks < one_block
     assert load.capacity(float("inf"), 40.0, 1.0) == pytest.approx(four_blocks)   # 4 blocks at 10/s = 40 recomputes/s
+
+
+def test_arrival_rate_sees_a_burst_within_a_second_and_a_lull_after_the_long_window():
+    from dllm_server.policy.load_control import arrival_rate
+    steady = [0.125 * k for k in range(81)]                        # 8 req/s for 10 s
+    assert arrival_rate(steady, 10.0) == pytest.approx(9.0)       # 9 in the last second (both ends counted)
+    burst = steady + [100.0 + 0.001 * k for k in range(40)]       # 40 at once after a quiet spell
+    assert arrival_rate(burst, 100.2) == pytest.approx(40.0)      # the 5-s mean alone would say 8
+    assert arrival_rate(burst, 103.0) == pytest.approx(8.0)       # the burst has left the short window
+    assert arrival_rate(burst, 106.0) == 0.0
+    assert arrival_rate([5.0], 5.3) == 1.0 and arrival_rate([], 1.0) == 0.0   # never a rate over < 1 s
+
+
+class _TauForwards(SimpleEstimator):
+    """The simple estimator with forwards that fall with the threshold (a lower tau commits more a
+    step), as the trained one predicts them for a threshold-sensitive model."""
+    def predict(self, x, targets=None):
+        out = super().predict(x, targets)
+        tau = x[:, FEATURES.index("tau")]
+        return {k: (v * tau if k != "fut_blocks" else v) for k, v in out.items()}
+
+
+def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quiet_spell():
+    from dllm_server.config import ServerConfig
+    from dllm_server.decoding.params import SamplingParams
+    from dllm_server.engine.request_state import RequestState
+    from dllm_server.policy.load_model import WorkerLoadModel
+    from dllm_server.policy.slo import SLOPolicy
+    config = ServerConfig(block_length=8, threshold_policy="slo")
+    load = WorkerLoadModel(8)
+    for n in (1, 2, 4, 8, 16, 32):                                 # 2 ms + 1 ms a row; + 4 ms with a recompute
+        load.models[0].add(features(8 * n, 40 * n), 0.002 + 0.001 * n)
+        load.models[0].add(features(8 * n, 40 * n, 40, 40 ** 2), 0.006 + 0.001 * n)
+    now = [0.0]
+    policy = SLOPolicy(config, _TauForwards(), load, clock=lambda: now[0])
+
+    def arrive(n, seq0):
+        out = []
+        for i in range(n):
+            sp = SamplingParams(max_tokens=32, slo_ms=2000)
+            out.append(RequestState(f"r{seq0 + i}", None, [1, 2, 3], sp, sp.resolve(config, 1), 0, (9,), seq0 + i))
+            out[-1].arrived_at = now[0]
+        return [p.threshold for p in policy.block_policies([(st, 0) for st in out])]
+
+    assert arrive(1, 0) == [0.95]                                  # alone, slack to spare: above the default
+    now[0] = 1.0
+    arrive(60, 1)                                                  # a burst: 60 at once
+    assert policy.cap == 0.95                                      # nothing measured yet
+    now[0] = 1.25                                                  # one control period later
+    policy.revise([], now[0])
+    assert policy.cap < 0.9, policy.cap                            # the burst's rate is seen at once
+    low = policy.cap
+    from dllm_server.engine.request_state import GenerationOutput, GenerationStats
+
+    def finish_all():
+        for st in list(policy.states.values()):
+            out = GenerationOutput(st.request_id, None, [], "", [], "abort", GenerationStats())
+            policy.on_finish(st, out, now[0])
+
+    finish_all()                                                   # the burst has ended
+    now[0] = 3.0                                                   # quiet, but within the rate's memory:
+    arrive(1, 100)                                                 # the next request is still capped
+    assert policy.cap == low
+    finish_all()
+    now[0] = 3.0 + 5.5                                             # quiet past that memory: the cap is forgotten
+    [tau] = arrive(1, 200)
+    assert policy.cap == 0.95 and tau == 0.95

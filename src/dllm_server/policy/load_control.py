@@ -23,6 +23,23 @@ def demand_rate(work: np.ndarray, budgets_s: np.ndarray, min_horizon_s: float) -
     return (work / np.maximum(budgets_s, min_horizon_s)[:, None]).sum(axis=0)
 
 
+def arrival_rate(times, now: float, windows: tuple[float, ...] = (1.0, 5.0)) -> float:
+    """Admissions per second from `times` (ascending): the largest mean over the trailing
+    `windows`, so a burst counts within the shortest window and a lull lowers the rate only once
+    the longest has passed. A window reaching back before the first admission is cut there, but
+    never below 1 s (one admission is not an infinite rate)."""
+    if not times:
+        return 0.0
+    longest = max(windows)
+    ages = []
+    for t in reversed(times):          # newest first; stop past the longest window
+        if t < now - longest:
+            break
+        ages.append(now - t)
+    ages = np.asarray(ages)
+    return max(float((ages <= w).sum()) / max(min(w, now - times[0]), 1.0) for w in windows)
+
+
 def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf"),
                   recompute_rows: Callable[[int], float] | None = None) -> float:
     """Request-forwards per second one worker can run: a batch of n advances n requests by one

@@ -23,7 +23,7 @@ from ..decoding.params import BlockPolicy
 from ..engine.request_state import GenerationOutput, RequestState
 from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
-from .load_control import LoadController, demand_rate
+from .load_control import LoadController, arrival_rate, demand_rate
 from .load_model import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
 from .queue import Others, queued_seconds
@@ -32,7 +32,7 @@ from .thresholds import allowed, choose_indices, remaining_seconds
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
 REVISE_INTERVAL_S = 0.2       # running and leased blocks are re-decided at most this often
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
-ARRIVAL_WINDOW_S = 5.0        # the arrival rate load control sees: admissions over this window
+ARRIVAL_WINDOWS_S = (1.0, 5.0)  # load control's arrival rate: the larger mean of these trailing windows
 OTHERS_REFRESH_S = 0.02       # the work ahead is re-read at most this often (policy clock) while the live set holds
 
 
@@ -174,6 +174,8 @@ class SLOPolicy(StaticPolicy):
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
         """One batched prediction for every (request, block to decide), every candidate; the
         latency of each priced with the work ahead on its worker; the choice vectorised."""
+        if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
+            self._control(now)              # after a quiet spell the cap is stale: revise() has not run
         cands = self.candidates
         progs, base, current, budgets = [], [], [], []
         for st, k in items:
@@ -315,14 +317,15 @@ class SLOPolicy(StaticPolicy):
         workers can run within the SLO at that cap, every re-prefill counted."""
         self._controlled_at = now
         live = [rid for rid in self.work if rid in self.states]
+        if not live and self.arrivals and now - self.arrivals[-1] > max(ARRIVAL_WINDOWS_S):
+            self.controller.cap_index = 0      # idle past the rate's memory: nothing left to cap for
         if not live or self.new_work is None:
             return
         work = np.stack([self.work[rid] for rid in live])
         budgets = np.asarray([b if (b := self._budget(self.states[rid], now)) is not None else DEFAULT_HORIZON_S
                               for rid in live])
         inflight = demand_rate(work, budgets, 1.0)
-        window = min(ARRIVAL_WINDOW_S, now - self.arrivals[0]) if self.arrivals else 0.0
-        rate = sum(1 for t in self.arrivals if t >= now - ARRIVAL_WINDOW_S) / max(window, 1.0)
+        rate = arrival_rate(self.arrivals, now, ARRIVAL_WINDOWS_S)
         demand = np.maximum(inflight, rate * self.new_work)
         slo = float(np.median(self.budgets)) if self.budgets else DEFAULT_HORIZON_S
         capacity = np.asarray([self.load.capacity(slo / max(1.0, w), rate, self.blocks_per_request)
