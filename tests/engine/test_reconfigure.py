@@ -26,7 +26,8 @@ def stream(n: int, seed: int = 5):
 
 async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_llada):
     """Through the HTTP app (the server's own routes, in this process over ASGI): the load is 60
-    completions, one every 40 ms, and /health is polled every 10 ms, while the engine regroups."""
+    completions, one every 40 ms, and /health is polled every 10 ms, while the engine regroups;
+    after each regroup /metrics shows the instances per TP degree, the regroups and the drains."""
     import httpx
 
     from dllm_server.api.app import build_app
@@ -57,11 +58,24 @@ async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_lla
                 await asyncio.sleep(0.04)
             return await asyncio.gather(*tasks)
         watcher, sender = asyncio.ensure_future(watch()), asyncio.ensure_future(load())
+        async def scrape() -> dict:           # what a Prometheus scrape of the server sees
+            from prometheus_client.parser import text_string_to_metric_families
+            text = (await client.get("/metrics")).text
+            return {(s.name, s.labels.get("tp_size")): s.value
+                    for fam in text_string_to_metric_families(text) for s in fam.samples}
         await asyncio.sleep(0.6)
         to_tp2 = await engine.reconfigure([2])
         assert [w.tp_size for w in engine.stats().workers if w.up] == [2]
+        seen = await scrape()
+        assert seen[("dllm:instances", "2")] == 1 and ("dllm:instances", "1") not in seen
+        assert seen[("dllm:reconfigurations_total", None)] == 1
         await asyncio.sleep(0.6)
         back = await engine.reconfigure([1, 1])
+        seen = await scrape()
+        assert seen[("dllm:instances", "1")] == 2 and ("dllm:instances", "2") not in seen
+        assert seen[("dllm:reconfigurations_total", None)] == 2
+        assert seen[("dllm:drain_seconds_total", None)] == pytest.approx(
+            sum(to_tp2["drain_s"].values()) + sum(back["drain_s"].values()), abs=2e-3)   # those are rounded to ms
         outs = await sender
         await asyncio.sleep(0.3)              # idle: /health now runs its probe request through a worker
         stop.set()
