@@ -93,7 +93,9 @@ def run(model: str | None, n: int, rounds: int, quantile: float, log_dir: Path, 
             # the noise floor: fixed 0.9 again, against the SLO its first run set
             repeat = asyncio.run(burst(server.url, reqs, {"threshold": 0.9}))
             results.append({"round": k, "slo_ms": 1e3 * slo_s, "fixed_0.9": summarise(fixed, slo_s),
-                            "slo_policy": summarise(policy, slo_s), "fixed_0.9_again": summarise(repeat, slo_s)})
+                            "slo_policy": summarise(policy, slo_s), "fixed_0.9_again": summarise(repeat, slo_s),
+                            "policy_requests": [{f: o[f] for f in ("latency_s", "task", "forwards", "thresholds")}
+                                                for o in sorted(policy, key=lambda o: o["latency_s"])]})
             if low is not None:     # what the lowest threshold alone buys on this burst: the knob's reach
                 time.sleep(0.5)
                 results[-1][f"fixed_{low:g}"] = summarise(asyncio.run(burst(server.url, reqs, {"threshold": low})), slo_s)
@@ -111,6 +113,8 @@ def main() -> None:
     ap.add_argument("--quantile", type=float, default=0.3)
     ap.add_argument("--fixed-low", type=float, default=None,
                     help="also run every round at this fixed threshold (e.g. 0.5), against the same SLO")
+    ap.add_argument("--per-request", action="store_true",
+                    help="also list the policy's requests of every round: latency, task, forwards, thresholds")
     ap.add_argument("--json")
     a = ap.parse_args()
     import tempfile
@@ -126,6 +130,12 @@ def main() -> None:
             print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
                   f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
                   f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
+    if a.per_request:
+        for rd in r["rounds"]:
+            print(f"\nround {rd['round']}, slo policy, SLO {rd['slo_ms'] / 1e3:.2f} s: latency (s), task, forwards, "
+                  "thresholds")
+            for o in rd["policy_requests"]:
+                print(f"  {o['latency_s']:.2f}  {o['task']:8s}  {o['forwards']:3d}  {o['thresholds']}")
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=2))
 

@@ -8,6 +8,7 @@ import random
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.config import ServerConfig
@@ -57,12 +58,12 @@ async def test_regroup_2xtp1_to_1xtp2_and_back_under_load_loses_nothing(tiny_lla
                 tasks.append(asyncio.ensure_future(one(p, s)))
                 await asyncio.sleep(0.04)
             return await asyncio.gather(*tasks)
-        watcher, sender = asyncio.ensure_future(watch()), asyncio.ensure_future(load())
+
         async def scrape() -> dict:           # what a Prometheus scrape of the server sees
-            from prometheus_client.parser import text_string_to_metric_families
             text = (await client.get("/metrics")).text
             return {(s.name, s.labels.get("tp_size")): s.value
                     for fam in text_string_to_metric_families(text) for s in fam.samples}
+        watcher, sender = asyncio.ensure_future(watch()), asyncio.ensure_future(load())
         await asyncio.sleep(0.6)
         to_tp2 = await engine.reconfigure([2])
         assert [w.tp_size for w in engine.stats().workers if w.up] == [2]

@@ -205,7 +205,7 @@ class _TauForwards(SimpleEstimator):
 def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quiet_spell():
     from dllm_server.config import ServerConfig
     from dllm_server.decoding.params import SamplingParams
-    from dllm_server.engine.request_state import RequestState
+    from dllm_server.engine.request_state import GenerationOutput, GenerationStats, RequestState
     from dllm_server.policy.load_model import WorkerLoadModel
     from dllm_server.policy.slo import SLOPolicy
     config = ServerConfig(block_length=8, threshold_policy="slo")
@@ -232,7 +232,6 @@ def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quie
     policy.revise([], now[0])
     assert policy.cap < 0.9, policy.cap                            # the burst's rate is seen at once
     low = policy.cap
-    from dllm_server.engine.request_state import GenerationOutput, GenerationStats
 
     def finish_all():
         for st in list(policy.states.values()):

@@ -146,8 +146,7 @@ class SLOPolicy(StaticPolicy):
         """entries: every request in flight (.state, .worker, .lease). Re-decides the block each
         one runs (or waits to run) and its leased next block, where its progress moved or its
         worker's queue changed; returns (request, block index, policy) for each that changed."""
-        if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
-            self._control(now)
+        self._control_if_due(now)
         if now - self._revised_at < REVISE_INTERVAL_S:
             return []
         self._revised_at = now
@@ -174,8 +173,7 @@ class SLOPolicy(StaticPolicy):
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
         """One batched prediction for every (request, block to decide), every candidate; the
         latency of each priced with the work ahead on its worker; the choice vectorised."""
-        if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
-            self._control(now)              # after a quiet spell the cap is stale: revise() has not run
+        self._control_if_due(now)           # after a quiet spell the cap is stale: revise() has not run
         cands = self.candidates
         progs, base, current, budgets = [], [], [], []
         for st, k in items:
@@ -311,6 +309,10 @@ class SLOPolicy(StaticPolicy):
     def _budget(self, st: RequestState, now: float) -> float | None:
         slo = st.sampling.slo_ms / 1e3 if st.sampling.slo_ms is not None else self.default_slo_s
         return None if slo is None else slo - (now - st.arrived_at)
+
+    def _control_if_due(self, now: float) -> None:
+        if self.controller is not None and now - self._controlled_at >= CONTROL_INTERVAL_S:
+            self._control(now)
 
     def _control(self, now: float) -> None:
         """Lower / raise the cap: the forward rate the load needs at each cap against what the
