@@ -8,7 +8,7 @@ reference), `--rounds` times on the same server. Each round ends with fixed 0.9 
 against the SLO its first run set: the noise floor of the comparison (the burst's waves shift
 from one run to the next, and the SLO sits on a wave's end).
 
-    python bench/slo_burst.py [--model DIR] [--requests 40] [--rounds 2] [--fixed-low 0.5] [--json out.json]
+    python bench/slo_burst.py [--model DIR] [--requests 40] [--rounds 2] [--fixed-low 0.5] [--waves] [--json out.json]
 """
 from __future__ import annotations
 
@@ -66,6 +66,17 @@ async def burst(url: str, reqs: list[dict], extra: dict) -> list[dict]:
         return await asyncio.gather(*[one(r) for r in reqs])
 
 
+def waves(latencies: list[float], gap_s: float = 0.03) -> list[tuple[float, int]]:
+    """Completions grouped into waves (a gap over `gap_s` starts a new one): (end of wave, size)."""
+    lat = sorted(latencies)
+    out, start = [], 0
+    for i in range(1, len(lat) + 1):
+        if i == len(lat) or lat[i] - lat[i - 1] > gap_s:
+            out.append((round(lat[i - 1], 3), i - start))
+            start = i
+    return out
+
+
 def summarise(outs: list[dict], slo_s: float) -> dict:
     scored = [o for o in outs if o["reference"] is not None]
     taus = [t for o in outs for t in o["thresholds"]]
@@ -74,7 +85,8 @@ def summarise(outs: list[dict], slo_s: float) -> dict:
             "forwards_per_answer": statistics.mean(o["forwards"] for o in outs),
             "mean_threshold": statistics.mean(taus), "max_threshold": max(taus),
             "thresholds_used": sorted(set(taus)), "p50_latency_s": statistics.median(o["latency_s"] for o in outs),
-            "wall_s": max(o["latency_s"] for o in outs)}
+            "wall_s": max(o["latency_s"] for o in outs),
+            "task_waves": waves([o["latency_s"] for o in outs if o["task"] != "chat"])}
 
 
 def run(model: str | None, n: int, rounds: int, quantile: float, log_dir: Path, extra_flags=(),
@@ -115,6 +127,9 @@ def main() -> None:
                     help="also run every round at this fixed threshold (e.g. 0.5), against the same SLO")
     ap.add_argument("--per-request", action="store_true",
                     help="also list the policy's requests of every round: latency, task, forwards, thresholds")
+    ap.add_argument("--waves", action="store_true",
+                    help="also print, per round and configuration, when the demo tasks finished: (end of wave "
+                         "(s), answers in it), the first five waves")
     ap.add_argument("--json")
     a = ap.parse_args()
     import tempfile
@@ -130,6 +145,12 @@ def main() -> None:
             print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
                   f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
                   f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
+    if a.waves:
+        print("\ndemo-task answers finished in waves (end of wave in s, answers), per round and configuration")
+        for rd in r["rounds"]:
+            for name in [k for k, v in rd.items() if isinstance(v, dict)]:
+                print(f"  round {rd['round']}, SLO {rd['slo_ms'] / 1e3:.3f} s, {name:15s} "
+                      f"{100 * rd[name]['attainment']:3.0f} %: {rd[name]['task_waves'][:5]}")
     if a.per_request:
         for rd in r["rounds"]:
             print(f"\nround {rd['round']}, slo policy, SLO {rd['slo_ms'] / 1e3:.2f} s: latency (s), task, forwards, "
