@@ -6,6 +6,9 @@ the default to no request that shares its worker (in a burst: none but the one t
 server idle). On the embedded
 demo model (v3: its task answers take one to a few forwards, its chat answers a forward a position).
 
+And where the threshold decides the burst (demo v2, kept in the tree: its answers take about 37
+forwards at 0.9 and 31 at 0.5), the policy must gain the issue's 30 points over fixed 0.9.
+
 (Not on a tiny random checkpoint: its blocks end in one or two forwards at low thresholds, so a
 burst there is bound by the lease round trip at every block boundary, and a lower threshold made
 it slower, 0.585 s against 0.475 s at fixed 0.5 vs 0.9 for 21 % fewer forwards; see docs/slo.md.)"""
@@ -22,6 +25,7 @@ from slo_burst import burst, burst_requests, summarise  # noqa: E402
 
 
 ROUNDS = 3
+V2 = Path(__file__).resolve().parents[2] / "training" / "demo-v2" / "model"
 
 
 def test_a_burst_meets_at_least_as_many_slos_as_fixed_0_9(tmp_path):
@@ -54,3 +58,22 @@ def test_a_burst_meets_at_least_as_many_slos_as_fixed_0_9(tmp_path):
     # most the one that found the server idle (the rule itself: tests/unit/test_slo_policy.py)
     raised = [o for _, _, policy in rounds for o in policy if max(o["thresholds"]) > 0.9]
     assert len(raised) <= ROUNDS, [(o["thresholds"], o["latency_s"]) for o in raised]
+
+
+def test_where_the_threshold_decides_a_burst_the_policy_gains_30_points(tmp_path):
+    """Demo v2: every answer costs tens of forwards, so lowering the threshold shortens every one
+    and the burst drains sooner (bench/slo_burst.py --model training/demo-v2/model: +70 and +48
+    points with 40 requests, docs/slo.md). One round of 16 requests; the issue's goal, no slack."""
+    s = start_server(str(V2), "--threshold-policy", "slo", tmp_path=tmp_path)
+    try:
+        reqs = burst_requests(16)
+        asyncio.run(burst(s.url, reqs[:3], {"threshold": 0.9}))                    # warm-up
+        fixed = asyncio.run(burst(s.url, reqs, {"threshold": 0.9}))
+        slo_s = float(np.quantile([o["latency_s"] for o in fixed], 0.3))
+        policy = asyncio.run(burst(s.url, reqs, {"slo_ms": 1e3 * slo_s}))
+    finally:
+        s.stop()
+    f, p = summarise(fixed, slo_s), summarise(policy, slo_s)
+    print(f"SLO {slo_s:.2f} s; fixed 0.9 {f}; slo policy {p}")
+    assert p["attainment"] >= f["attainment"] + 0.30, (f, p)
+    assert p["forwards_per_answer"] < f["forwards_per_answer"], (f, p)      # it got there by the threshold
