@@ -9,6 +9,7 @@ against the SLO its first run set: the noise floor of the comparison (the burst'
 from one run to the next, and the SLO sits on a wave's end).
 
     python bench/slo_burst.py [--model DIR] [--requests 40] [--rounds 2] [--fixed-low 0.5] [--waves] [--json out.json]
+    python bench/slo_burst.py --from-json out.json [--waves] [--per-request]    # a saved run's tables again
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import asyncio
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +119,44 @@ def run(model: str | None, n: int, rounds: int, quantile: float, log_dir: Path, 
         server.stop()
 
 
+def configs(rd: dict) -> list[str]:
+    """The configurations a round ran (fixed_0.9, slo_policy, fixed_0.9_again, fixed_<low>)."""
+    return [k for k, v in rd.items() if isinstance(v, dict)]
+
+
+def report(r: dict, waves_too: bool = False, per_request: bool = False) -> None:
+    """The tables of a run (or of its saved JSON): per round, then pooled over the rounds."""
+    rounds = r["rounds"]
+    print(f"burst of {r['requests']} at once, model {r['model']}; SLO = the latency fixed 0.9 met for "
+          f"{100 * r['quantile']:.0f} % of them, per round\n")
+    print("| round | SLO (s) | config | SLO attainment | exact match (tasks) | forwards / answer | mean threshold | "
+          "thresholds used | p50 latency (s) |\n|---|---|---|---|---|---|---|---|---|")
+    for rd in rounds:
+        for name in configs(rd):
+            s = rd[name]
+            print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
+                  f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
+                  f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
+    print("\npooled over the rounds: SLO attainment, mean p50 latency, rounds within 5 points of fixed_0.9 or above")
+    for name in configs(rounds[0]):
+        att = [rd[name]["attainment"] for rd in rounds]
+        close = sum(a >= rd["fixed_0.9"]["attainment"] - 0.05 for a, rd in zip(att, rounds))
+        print(f"  {name:15s} {100 * statistics.mean(att):5.1f} %  "
+              f"{statistics.mean(rd[name]['p50_latency_s'] for rd in rounds):.3f} s  {close} of {len(rounds)}")
+    if waves_too:
+        print("\ndemo-task answers finished in waves (end of wave in s, answers), per round and configuration")
+        for rd in rounds:
+            for name in configs(rd):
+                print(f"  round {rd['round']}, SLO {rd['slo_ms'] / 1e3:.3f} s, {name:15s} "
+                      f"{100 * rd[name]['attainment']:3.0f} %: {rd[name]['task_waves'][:5]}")
+    if per_request:
+        for rd in rounds:
+            print(f"\nround {rd['round']}, slo policy, SLO {rd['slo_ms'] / 1e3:.2f} s: latency (s), task, forwards, "
+                  "thresholds")
+            for o in rd["policy_requests"]:
+                print(f"  {o['latency_s']:.2f}  {o['task']:8s}  {o['forwards']:3d}  {o['thresholds']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -130,33 +170,14 @@ def main() -> None:
     ap.add_argument("--waves", action="store_true",
                     help="also print, per round and configuration, when the demo tasks finished: (end of wave "
                          "(s), answers in it), the first five waves")
+    ap.add_argument("--from-json", help="print the tables of a saved run (--json) instead of running one")
     ap.add_argument("--json")
     a = ap.parse_args()
-    import tempfile
+    if a.from_json:
+        return report(json.loads(Path(a.from_json).read_text()), a.waves, a.per_request)
     with tempfile.TemporaryDirectory() as tmp:
         r = run(a.model, a.requests, a.rounds, a.quantile, Path(tmp), low=a.fixed_low)
-    print(f"burst of {a.requests} at once, model {r['model']}; SLO = the latency fixed 0.9 met for "
-          f"{100 * a.quantile:.0f} % of them, per round\n")
-    print("| round | SLO (s) | config | SLO attainment | exact match (tasks) | forwards / answer | mean threshold | "
-          "thresholds used | p50 latency (s) |\n|---|---|---|---|---|---|---|---|---|")
-    for rd in r["rounds"]:
-        for name in [k for k, v in rd.items() if isinstance(v, dict)]:
-            s = rd[name]
-            print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
-                  f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
-                  f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
-    if a.waves:
-        print("\ndemo-task answers finished in waves (end of wave in s, answers), per round and configuration")
-        for rd in r["rounds"]:
-            for name in [k for k, v in rd.items() if isinstance(v, dict)]:
-                print(f"  round {rd['round']}, SLO {rd['slo_ms'] / 1e3:.3f} s, {name:15s} "
-                      f"{100 * rd[name]['attainment']:3.0f} %: {rd[name]['task_waves'][:5]}")
-    if a.per_request:
-        for rd in r["rounds"]:
-            print(f"\nround {rd['round']}, slo policy, SLO {rd['slo_ms'] / 1e3:.2f} s: latency (s), task, forwards, "
-                  "thresholds")
-            for o in rd["policy_requests"]:
-                print(f"  {o['latency_s']:.2f}  {o['task']:8s}  {o['forwards']:3d}  {o['thresholds']}")
+    report(r, a.waves, a.per_request)
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=2))
 
