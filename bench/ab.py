@@ -5,7 +5,7 @@ that reads engine internals matches its code), else the current tree's copy; the
 imported from that side's tree (PYTHONPATH), and so is the server a script starts.
 
     python bench/ab.py --ref a31dc80 --rounds 2 -- bench/front_cpu.py --streams 64
-    python bench/ab.py --ref a31dc80 --script-from current --overlay src/dllm_server/launch.py \
+    python bench/ab.py --ref a31dc80 --script-from current --overlay src/dllm_server/server_process.py \
         -- bench/http_vs_offline.py --threads 1 --rounds 1
 
 `--script-from current` runs the current tree's script on both sides (it must use only what both

@@ -1,4 +1,4 @@
-"""The load model's capacity estimate (policy/load_model.py WorkerLoadModel.capacity: request-
+"""The load model's capacity estimate (costmodel/worker_speed.py WorkerLoadModel.capacity: request-
 forwards per second a worker runs) against what the worker ran, for one-block and multi-block
 answers, before and after counting a recompute step per block (issue 33: the estimate used to
 count only each request's first prefill).
@@ -29,12 +29,12 @@ from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 
 
 def estimate_before_fix(load, arrival_rate: float) -> float:
-    """The estimate as it was before issue 33's fix (commit 849bb6d, policy/load_model.py and
-    load_control.capacity_rate), restated here on today's fitted models so the two differ only in
+    """The estimate as it was before issue 33's fix (commit 849bb6d, costmodel/worker_speed.py and
+    worker_speed.capacity_rate), restated here on today's fitted models so the two differ only in
     the formula: one recompute step per request (its first prefill), keys per decode row from the
     worker's seated count rather than the last iteration's rows, and recompute steps not counted
     as forwards of their requests."""
-    from dllm_server.policy.step_time import features
+    from dllm_server.costmodel.step_time import features
     total = 0.0
     ready = [w for w, m in load.models.items() if m.ready]
     for w in ready:
@@ -83,7 +83,7 @@ async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_t
         measured = rows / sum(r.iteration_s for r in reports)
         rate = len(done) / span
         mean_blocks = sum(blocks) / len(blocks)
-        from dllm_server.policy.step_time import report_features
+        from dllm_server.costmodel.step_time import report_features
         model = engine.load.models[0]
         predicted = sum(model.predict(report_features(r)) for r in reports) / sum(r.iteration_s for r in reports)
         return {"iteration_model_error": predicted - 1.0,"max_tokens": max_tokens, "blocks_per_request": mean_blocks, "completions_per_s": rate,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from dllm_server.launch import ServerProcess, serve
+from dllm_server.server_process import ServerProcess, serve
 from gpu_harness import file_tail
 from gpu_parts import prompt_id_range
 

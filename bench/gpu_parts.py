@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.model import llada
-from dllm_server.model.args import plain_id_offset
+from dllm_server.checkpoint import plain_id_offset
 from dllm_server.model.attention import DenseBatch
 from dllm_server.model.layers import Rotary
 from dllm_server.model.tiny import save_weights, write_tokenizer

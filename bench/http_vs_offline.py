@@ -22,7 +22,7 @@ import httpx
 import torch
 
 from dllm_server import LLM, SamplingParams
-from dllm_server.launch import serve
+from dllm_server.server_process import serve
 from dllm_server.model.tiny import make_tiny_model
 from common import plain_id_offset
 

@@ -1,10 +1,10 @@
-"""Solve times of the cluster planner's two MILPs (policy/planner.py: plan_capacity, stage 1;
-policy/transition.py: plan_transition, stage 2), scipy's HiGHS call included, at 16 devices
+"""Solve times of the cluster planner's two MILPs (cluster/layout_ilp.py: plan_capacity, stage 1;
+cluster/transition.py: plan_transition, stage 2), scipy's HiGHS call included, at 16 devices
 (2 nodes x 8) and 64 (8 x 8), median and p99 over random inputs. CPU time on this machine only:
 no GPU is involved.
 
-Inputs, SIMULATED: the capacity table C[d, tau] (policy/capacity_table.py) from the LLaDA-8B
-roofline on H100 at each degree (sim/gpu_cost.py: gpu_cost("llada-8b", "h100", tp=d)); requests of
+Inputs, SIMULATED: the capacity table C[d, tau] (cluster/capacity_table.py) from the LLaDA-8B
+roofline on H100 at each degree (costmodel/gpu.py: gpu_cost("llada-8b", "h100", tp=d)); requests of
 a 256-token prompt and a 256-token answer in blocks of 32 (canvas 512, R = 8 recompute steps);
 forwards per request at each threshold ASSUMED to be 256 / ppf(tau), ppf the simulator's
 positions-per-forward table (sim/behaviour.py: POSITIONS_PER_FORWARD, 3.01 at 0.9 from
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server.policy.capacity_table import capacity_table, from_roofline, roofline_seats  # noqa: E402
-from dllm_server.policy.planner import plan_capacity  # noqa: E402
-from dllm_server.policy.transition import Slot, candidate_slots, plan_transition  # noqa: E402
+from dllm_server.cluster.capacity_table import capacity_table, from_roofline, roofline_seats  # noqa: E402
+from dllm_server.cluster.layout_ilp import plan_capacity  # noqa: E402
+from dllm_server.cluster.transition import Slot, candidate_slots, plan_transition  # noqa: E402
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, positions_per_forward  # noqa: E402
-from dllm_server.sim.gpu_cost import gpu_cost  # noqa: E402
+from dllm_server.costmodel.gpu import gpu_cost  # noqa: E402
 
 DEGREES = (1, 2, 4, 8)
 THRESHOLDS = (0.95, 0.9, 0.8, 0.7)

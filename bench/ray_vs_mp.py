@@ -20,7 +20,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")    # loopback on
 import torch  # noqa: E402
 
 from dllm_server import LLM  # noqa: E402
-from dllm_server.launch import serve  # noqa: E402
+from dllm_server.server_process import serve  # noqa: E402
 from dllm_server.model.tiny import make_tiny_model  # noqa: E402
 from common import plain_id_offset  # noqa: E402
 from http_vs_offline import sequential, workload  # noqa: E402

@@ -1,4 +1,4 @@
-"""SIMULATED (GPU roofline, sim/gpu_cost.py; our real scheduler and worker core): LLaDA-8B against
+"""SIMULATED (GPU roofline, costmodel/gpu.py; our real scheduler and worker core): LLaDA-8B against
 SDAR-8B on one H100, the same requests and the same commits (a fixed 2 positions per forward,
 so only the forward structure differs): LLaDA with the dual cache and a full-canvas re-prefill at
 every block (block 32, its Fast-dLLM setting, and block 4), SDAR with exact KV, one prefill, a
@@ -9,7 +9,7 @@ block-sized step and the fused finalise (block 4, its trained size).
 
     python bench/sim_block_causal.py [--requests 400] [--device h100]
 
-Assumptions (printed): the roofline's efficiencies (sim/gpu_cost.py), SDAR-8B's shape (Qwen3-8B's,
+Assumptions (printed): the roofline's efficiencies (costmodel/gpu.py), SDAR-8B's shape (Qwen3-8B's,
 named in MODELS), ShareGPT-shaped lengths (loadgen preset), answers to their output length
 (EOS ignored), no prefix cache hits (distinct prompts).
 """
@@ -26,7 +26,7 @@ from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.decoding.canvas import num_blocks  # noqa: E402
 from dllm_server.sim.behaviour import ParametricBehaviour  # noqa: E402
 from dllm_server.sim.cluster import Simulator  # noqa: E402
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost  # noqa: E402
+from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
 from dllm_server.sim.workload import preset_workload  # noqa: E402
 
 SETUPS = (("llada-8b", 32), ("llada-8b", 4), ("sdar-8b", 4))
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--device", default="h100", choices=("h100", "h200"))
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     a = ap.parse_args()
-    print(f"SIMULATED on one {a.device} (roofline; sim/gpu_cost.py), ShareGPT-shaped lengths, fixed 2 positions "
+    print(f"SIMULATED on one {a.device} (roofline; costmodel/gpu.py), ShareGPT-shaped lengths, fixed 2 positions "
           f"per forward, {a.requests} requests\n")
     burst = preset_workload("sharegpt", a.requests, 1e9, seed=1, max_len=4096)
     print("1. saturation (all at t=0)\n| model | block | req/s | answer tok/s | forwards/answer | mean latency (s) |\n"

@@ -1,6 +1,6 @@
 """The Sangam paper's GPU experiments, SIMULATED (src/dllm_server/sim/, docs/simulation.md): our
 scheduler and worker code on a virtual clock, iteration times from the GPU roofline cost model
-(sim/gpu_cost.py, every constant cited or an assumption), forwards per block from the parametric
+(costmodel/gpu.py, every constant cited or an assumption), forwards per block from the parametric
 behaviour model (sim/behaviour.py). Nothing here ran on a GPU.
 
   A. capacity: colocated tau=1024 vs the batch-1 baseline, 8 workers, LLaDA-8B, ShareGPT-shaped
@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from dllm_server.sim.plan import build_setup, capacity, simulate
+from dllm_server.sizing import build_setup, capacity, simulate
 
 JOBS = 1
 SAVE = None                  # the results file, for experiments that save row by row
@@ -84,7 +84,7 @@ def exp_a(n: int, out: dict) -> None:
         for label in ("as assumed (1 ms + 60 us/row)", "dispatch-bound (76 % of batch-1 time)"):
             s = setup_for(mix, n, device)
             if label.startswith("dispatch"):
-                from dllm_server.worker.core import IterationStats as _It
+                from dllm_server.costmodel.iteration import IterationStats as _It
                 fwd = s.cost.forward_s(_It(decode_tokens=32, decode_keys=1100, num_decodes=1))
                 s.cost = dataclasses.replace(s.cost, eff=dataclasses.replace(
                     s.cost.eff, host_base_s=fwd * 0.76 / 0.24, host_per_row_s=0.0,
@@ -193,7 +193,7 @@ def main() -> None:
     only = set(a.only.split(","))
     out = json.loads(a.out.read_text()) if a.out.exists() else {}
     t = time.perf_counter()
-    print(f"# The paper's experiments, SIMULATED (cost model: GPU roofline, sim/gpu_cost.py; behaviour: parametric, "
+    print(f"# The paper's experiments, SIMULATED (cost model: GPU roofline, costmodel/gpu.py; behaviour: parametric, "
           f"3.01 positions per forward at threshold 0.9; {a.requests} requests per run; argv {sys.argv[1:]})")
     for key, fn in (("A", exp_a), ("B", exp_b), ("C", exp_c), ("D", exp_d)):
         if key in only:

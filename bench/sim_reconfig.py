@@ -3,10 +3,10 @@ the BurstGPT-like trace of bench/sim_reconfig_static.py (same trace, SLOs, ladde
 `threshold_policy="slo"`, load control on, routing by predicted completion, in every run).
 
 The reconfiguring run starts as 8 x TP2 (the middle layout: no prior knowledge of the load) and
-runs the server's own planner on the virtual clock (sim/regroup.py: engine/planning.py `decide`
-every --period-s, stage 2 by engine/reconfig.py `plan_layout`, the drain by its `Regroup`), only
+runs the server's own planner on the virtual clock (sim/regroup.py: cluster/planner.py `decide`
+every --period-s, stage 2 by cluster/regroup.py `plan_layout`, the drain by its `Regroup`), only
 the forward and the transport simulated. Assumptions, printed with the figures: the roofline TP
-cost model (sim/gpu_cost.py `describe()`), and the restart of a regrouped instance
+cost model (costmodel/gpu.py `describe()`), and the restart of a regrouped instance
 (--restart-s, default sim/regroup.py ASSUMED_RESTART_S: processes, an 8B model's weights, the
 start-up profile). Per load phase (of arrival): SLO attainment, mean block threshold, p99 latency,
 and the regroups that began in the phase.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_reconfig_static import BLOCK, LADDER, base_config, build_sim, phase_metrics  # noqa: E402  (bench/)
 from loadgen.burst import burst_rows, scaled_phases, write_jsonl  # noqa: E402
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, positions_per_forward  # noqa: E402
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost  # noqa: E402
+from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
 from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos  # noqa: E402
 from dllm_server.sim.regroup import ASSUMED_RESTART_S, Reconfigurer  # noqa: E402
 from dllm_server.sim.workload import trace_workload  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> None:
     for t, d in rc["decisions"]:
         print(f"  t={t:.0f} s: rate {d.get('rate', 0):.2f}/s, {d.get('current')} -> {d.get('target')}: "
               f"{'REGROUP' if d.get('regroup') else 'keep'} ({d.get('why')})")
-    print("\ncost model (sim/gpu_cost.py describe(), TP4):\n" + json.dumps(cost_for(4).describe(), default=str))
+    print("\ncost model (costmodel/gpu.py describe(), TP4):\n" + json.dumps(cost_for(4).describe(), default=str))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"simulated": True, "args": vars(a), "phases": phases, "runs": out,

@@ -35,7 +35,7 @@ from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.policy.load_control import LoadController  # noqa: E402
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, ParametricBehaviour, positions_per_forward  # noqa: E402
 from dllm_server.sim.cluster import Simulator  # noqa: E402
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost  # noqa: E402
+from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
 from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos  # noqa: E402
 from dllm_server.sim.regroup import layout_simulator  # noqa: E402
 from dllm_server.sim.workload import preset_workload, rescale, trace_workload  # noqa: E402
@@ -207,7 +207,7 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(scales) + "---|---|---|---|---|---|")
     print("\n".join(lines))
     assumptions = {str(d): c.describe() for d, c in sorted(costs.items())}
-    print("\ncost model (sim/gpu_cost.py describe(), TP4 shown; TP1/TP2 differ only in tensor_parallel_size and "
+    print("\ncost model (costmodel/gpu.py describe(), TP4 shown; TP1/TP2 differ only in tensor_parallel_size and "
           "kv_pool_tokens):\n" + json.dumps(assumptions["4"], indent=1, default=str))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

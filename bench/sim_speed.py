@@ -18,7 +18,7 @@ import torch
 from dllm_server.config import ServerConfig
 from dllm_server.sim.behaviour import ParametricBehaviour
 from dllm_server.sim.cluster import Simulator
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
 from dllm_server.sim.workload import preset_workload
 
 

@@ -1,4 +1,4 @@
-"""Simulated (GPU roofline, sim/gpu_cost.py): what tensor parallelism buys an instance of LLaDA-8B
+"""Simulated (GPU roofline, costmodel/gpu.py): what tensor parallelism buys an instance of LLaDA-8B
 or Dream-7B on H100 / H200, per degree: a batch-1 and a batch-32 dual-cache block step, a 1024-token
 prefill, per-GPU throughput against TP=1 and the instance's KV pool. Every constant is the cost
 model's (printed with its source); nothing here was measured on a GPU.
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost  # noqa: E402
-from dllm_server.worker.core import IterationStats  # noqa: E402
+from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
+from dllm_server.costmodel.iteration import IterationStats  # noqa: E402
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     a = ap.parse_args()
     m = MODELS[a.model]
     degrees = [d for d in (1, 2, 4, 8) if m.heads % d == 0 and m.kv_heads % d == 0]
-    print(f"SIMULATED: {a.model} on {a.device}, roofline cost model (sim/gpu_cost.py), canvas {a.canvas}\n")
+    print(f"SIMULATED: {a.model} on {a.device}, roofline cost model (costmodel/gpu.py), canvas {a.canvas}\n")
     print("| TP | batch-1 turn (ms) | speed-up | batch-32 turn (ms) | speed-up | per-GPU throughput vs TP1 | "
           "prefill 1024 (ms) | KV pool (tokens) |\n|---|---|---|---|---|---|---|---|")
     base = None

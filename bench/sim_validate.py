@@ -31,11 +31,11 @@ from scheduler import workload  # noqa: E402
 
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
-from dllm_server.engine.placement import worker_roles  # noqa: E402
+from dllm_server.scheduler.placement import worker_roles  # noqa: E402
 from dllm_server.sim.behaviour import ReplayBehaviour, SimRequest, rows_from_outputs  # noqa: E402
 from dllm_server.sim.cluster import Simulator  # noqa: E402
 from dllm_server.sim.calibrate import trace_rows  # noqa: E402
-from dllm_server.sim.cost import FittedCost, fit_iterations, load_cpu_cost  # noqa: E402
+from dllm_server.costmodel.fitted import FittedCost, fit_iterations, load_cpu_cost  # noqa: E402
 
 CONFIGS = [
     ("batch-1 FCFS", dict(max_active_decodes=1, token_budget=None)),

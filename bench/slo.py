@@ -37,7 +37,7 @@ import numpy as np
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.checkpoint import embedded_model_path
-from dllm_server.launch import serve
+from dllm_server.server_process import serve
 from loadgen.arrivals import arrival_offsets
 from loadgen.capacity import find_capacity
 from loadgen.run import RunConfig, benchmark

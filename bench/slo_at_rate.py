@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import dllm_server
-from dllm_server.launch import serve
+from dllm_server.server_process import serve
 from quality import load_task
 from slo import run_at, task_workload
 

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dllm_server.demo_tasks import is_correct, load_eval  # noqa: E402
-from dllm_server.launch import serve  # noqa: E402
+from dllm_server.server_process import serve  # noqa: E402
 
 CHAT = ["Good morrow, my lord. What news?", "Who art thou?", "What is love?", "Dost thou love me?",
         "Why dost thou frown so?", "What news from Rome?", "Where shall we dine?", "Is this a dagger I see?"]

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from dllm_server.launch import serve
+from dllm_server.server_process import serve
 from dllm_server.model.tiny import make_tiny_model
 
 

@@ -39,7 +39,7 @@ from dllm_server import SamplingParams  # noqa: E402
 from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
-from dllm_server.launch import free_port  # noqa: E402
+from dllm_server.server_process import free_port  # noqa: E402
 from dllm_server.model.loader import load_model  # noqa: E402
 from dllm_server.model.tiny import make_tiny_model  # noqa: E402
 from dllm_server.model.tp import TPShard  # noqa: E402

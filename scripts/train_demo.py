@@ -420,7 +420,7 @@ class ThreadChooser:
 
 def check_template(model_dir: Path) -> None:
     """demo_data.render_chat must equal the chat template the server applies."""
-    from dllm_server.engine.tokenize import Tokenizer
+    from dllm_server.request.tokenize import Tokenizer
     hf = Tokenizer(model_dir).hf
     msgs = [("user", " Good morrow. "), ("assistant", "Hail."), ("user", "What news?")]
     want = hf.apply_chat_template([{"role": r, "content": c} for r, c in msgs], tokenize=False,

@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 
 from . import hub
-from .model.args import plain_id_offset
 
 log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
@@ -80,8 +79,19 @@ def read_config(path: str | Path) -> dict:
     return json.loads(cfg_file.read_text())
 
 
+def plain_id_offset(special_ids) -> int:
+    """What to add to a synthetic prompt's byte-range ids (0-255: benchmarks, calibration) so that
+    none is a special token: the first start of a 256-id window free of them. 0 where the specials
+    sit above the bytes (byte-level checkpoints, LLaDA, Dream: every figure recorded before
+    2026-12-01); 6 for the demo model v2, whose BPE puts its six specials first."""
+    special, offset = set(special_ids), 0
+    while hit := [s for s in special if offset <= s < offset + 256]:
+        offset = max(hit) + 1
+    return offset
+
+
 def plain_id_offset_of(model: str | None) -> int:
-    """model.args.plain_id_offset for a checkpoint (as `model_path` resolves it): its tokenizer's
+    """plain_id_offset for a checkpoint (as `model_path` resolves it): its tokenizer's
     added tokens and config's mask / end ids, read without loading weights."""
     folder = model_path(model)
     cfg = read_config(folder)

@@ -182,7 +182,7 @@ def _run(ns: argparse.Namespace) -> int:
                           "out": ns.out}, indent=1))
         return 0
     if ns.command == "plan":
-        from .sim.plan import run_plan
+        from .sizing import run_plan
         return run_plan(ns)
     if ns.command == "serve":
         from .api.server import run_server

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 CACHE_MODES = ("none", "prefix", "dual")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-REMASKING = ("low_confidence", "random")
 DREAM_DECODING = ("fast_dllm", "shifted")
 
 

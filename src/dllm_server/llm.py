@@ -20,12 +20,12 @@ from .checkpoint import architecture_of, model_path, read_config, request_defaul
 from .config import ServerConfig
 from .decoding.params import BlockPolicy, SamplingParams, request_seed
 from .devices import resolve_device
-from .engine.inputs import check_request, prompt_ids
-from .engine.output import advance
+from .request.inputs import check_request, prompt_ids
+from .request.output import advance
 from .policy import make_policy
 from .policy.base import DecodePolicy
-from .engine.request_state import GenerationOutput, RequestState
-from .engine.tokenize import Tokenizer, stop_token_ids
+from .request.state import GenerationOutput, RequestState
+from .request.tokenize import Tokenizer, stop_token_ids
 from .messages import Abort, ContinueBlock
 from .worker.build import build_core
 
@@ -72,7 +72,7 @@ class LLM:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         for (text, ids), params in zip(pairs, params_list):   # validate everything before running
             seq = next(self._arrivals)
-            resolved = params.resolve(self.config, request_seed(self.config.seed, seq), self.model_info.block_size)
+            resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq), self.model_info.block_size)
             check_request(ids, params, resolved, self.model_info)
             rid = f"offline-{seq}"
             states[rid] = RequestState(rid, text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,

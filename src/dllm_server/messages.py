@@ -95,7 +95,7 @@ class ReviseBlock:
 @dataclass(frozen=True, slots=True)
 class Evict:
     """A regroup drains this worker: give back block `block_index` of the request if it has not
-    started (its full-canvas forward not yet run), so it can run elsewhere (engine/reconfig.py)."""
+    started (its full-canvas forward not yet run), so it can run elsewhere (cluster/regroup.py)."""
     request_id: str
     block_index: int
 

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from dllm_server.launch import ServerProcess as Server, serve, wait_healthy  # noqa: F401 (re-exported)
+from dllm_server.server_process import ServerProcess as Server, serve, wait_healthy  # noqa: F401 (re-exported)
 
 
 _logs = itertools.count()

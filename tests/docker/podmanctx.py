@@ -33,7 +33,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from dllm_server.launch import ServerProcess, free_port
+from dllm_server.server_process import ServerProcess, free_port
 
 from .dockerctx import DOCKERFILES, REPO, arg_defaults, parse_dockerfile, stages
 

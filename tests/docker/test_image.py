@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from dllm_server.config import ServerConfig
-from dllm_server.launch import wait_healthy
+from dllm_server.server_process import wait_healthy
 
 from . import podmanctx
 from .dockerctx import DOCKERFILES, last, parse_dockerfile, stages

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from dllm_server.config import ServerConfig
 from dllm_server.decoding.params import BlockPolicy, SamplingParams
-from dllm_server.launch import free_port
+from dllm_server.server_process import free_port
 from dllm_server.messages import BlockDone, InstallKV, PrefillDone, ReceiveKV, RequestFailed, SubmitBlock
 from dllm_server.worker.build import build_core
 from dllm_server.worker.handoff import receiving_owner
@@ -39,7 +39,7 @@ def _block(rid, info, dst):
     n = LENGTHS[rid]
     canvas = torch.full((n,), info.mask_id, dtype=torch.int64)
     canvas[: n - 16] = torch.arange(1, n - 15)
-    params = SamplingParams(max_tokens=16, ignore_eos=True).resolve(ServerConfig(block_length=8), 7)
+    params = SamplingParams(max_tokens=16, ignore_eos=True).resolve(8, 7)
     return SubmitBlock(rid, 0, n - 16, canvas, params, BlockPolicy(0.9), (), ord(rid), handoff=True, stream_to=dst)
 
 

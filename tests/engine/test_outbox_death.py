@@ -11,8 +11,8 @@ import time
 import torch.multiprocessing as mp
 
 from dllm_server.config import ServerConfig
-from dllm_server.engine.launchers import PipeChannel, ProcessHandle
-from dllm_server.engine.worker_pool import WorkerPool, _Slot
+from dllm_server.executor.launchers import PipeChannel, ProcessHandle
+from dllm_server.executor.worker_pool import WorkerPool, _Slot
 from dllm_server.messages import WorkerSpec
 
 

@@ -1,8 +1,8 @@
-"""Live regrouping (engine/reconfig.py): 2 x TP1 -> 1 x TP2 -> 2 x TP1 on this CPU's 2 "devices"
+"""Live regrouping (cluster/regroup.py): 2 x TP1 -> 1 x TP2 -> 2 x TP1 on this CPU's 2 "devices"
 while requests keep arriving over HTTP, in float64: no request fails or is lost, every answer is
 token-identical to the offline API, /health answers 200 throughout (polled through the app), KV
 pages and running counts return to 0, and the time each drain took is printed. Refusals where a
-regroup cannot work. The planner loop's decision (engine/planning.py) on live step-time models."""
+regroup cannot work. The planner loop's decision (cluster/planner.py) on live step-time models."""
 import asyncio
 import random
 import time
@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dllm_server import LLM, SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.engine.reconfig import Layout, changes
+from dllm_server.cluster.regroup import Layout, changes
 
 from .conftest import running
 
@@ -122,11 +122,11 @@ def test_the_planner_keeps_a_steady_load_and_regroups_when_it_pays(tiny_llada):
     """decide() on live-like inputs: a real SLOPolicy's fields and a WorkerLoadModel fitted to a
     linear step time; a steady light load never regroups (the current layout is the target, or
     the gain is below the minimum), and with a tight SLO only TP2 meets, it asks for TP2."""
-    from dllm_server.engine.planning import PlannerState, decide
-    from dllm_server.policy.load_model import WorkerLoadModel
+    from dllm_server.cluster.planner import PlannerState, decide
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
     from dllm_server.policy.predictor import SimpleEstimator
     from dllm_server.policy.slo import SLOPolicy
-    from dllm_server.policy.step_time import features
+    from dllm_server.costmodel.step_time import features
     config = ServerConfig(model=tiny_llada, threshold_policy="slo", reconfigure=True, block_length=8,
                           reconfigure_period_s=10.0)
     load = WorkerLoadModel(8)

@@ -7,7 +7,7 @@ import pytest
 
 from dllm_server import SamplingParams
 from dllm_server.engine.async_engine import EngineDead
-from dllm_server.engine.requests import STREAM_PROGRESS
+from dllm_server.request.events import STREAM_PROGRESS
 
 from .conftest import running
 

@@ -11,7 +11,7 @@ import pytest
 from dllm_server import LLM, SamplingParams
 from dllm_server.api.protocol import CompletionRequest
 from dllm_server.checkpoint import request_defaults
-from dllm_server.engine.tokenize import Tokenizer
+from dllm_server.request.tokenize import Tokenizer
 from dllm_server.model.tiny import LLADA_TEMPLATE, SPECIALS, bytes_to_unicode
 
 

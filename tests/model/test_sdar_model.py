@@ -11,8 +11,8 @@ import torch
 import torch.multiprocessing as mp
 
 from dllm_server.checkpoint import architecture_of, head_counts, read_config
-from dllm_server.engine.tokenize import Tokenizer
-from dllm_server.launch import free_port
+from dllm_server.request.tokenize import Tokenizer
+from dllm_server.server_process import free_port
 from dllm_server.model import sdar
 from dllm_server.model.attention import DenseBatch, block_causal_mask
 from dllm_server.model.layers import RMSNorm

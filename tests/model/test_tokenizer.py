@@ -1,6 +1,6 @@
 """Tiny checkpoints carry a real tokenizer.json and the family's chat template."""
 from dllm_server import LLM, SamplingParams
-from dllm_server.engine.tokenize import Tokenizer
+from dllm_server.request.tokenize import Tokenizer
 
 
 def test_llada_chat_template_has_one_bos_and_real_special_ids(tiny_llada):

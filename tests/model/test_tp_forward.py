@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dllm_server.launch import free_port
+from dllm_server.server_process import free_port
 
 from .tp_ranks import build, packed_forwards, rank_main
 

@@ -12,7 +12,7 @@ import resource
 
 import pytest
 
-from dllm_server.launch import ServerProcess, serve
+from dllm_server.server_process import ServerProcess, serve
 
 from .tools import machine
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from dllm_server.launch import wait_healthy
+from dllm_server.server_process import wait_healthy
 
 from .conftest import start
 from .tools import alive, metrics, wait_for, worker_pids

@@ -5,7 +5,7 @@ from dllm_server.config import ServerConfig
 from dllm_server.decoding.canvas import num_blocks
 from dllm_server.sim.behaviour import ParametricBehaviour, SimRequest
 from dllm_server.sim.cluster import Simulator
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
 
 
 def _sim(model: str, block: int, reqs, record=True):

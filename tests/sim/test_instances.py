@@ -9,10 +9,10 @@ from dllm_server.cli import main
 from dllm_server.config import ServerConfig
 from dllm_server.sim.behaviour import ParametricBehaviour, SimRequest
 from dllm_server.sim.cluster import Simulator
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
 from dllm_server.sim.instances import (layout_degrees, layout_instances, layout_name, startup_profile,
                                        unloaded_latency_s, with_slos)
-from dllm_server.sim.plan import tp_candidates
+from dllm_server.sizing import tp_candidates
 from dllm_server.sim.workload import preset_workload
 
 LLADA = MODELS["llada-8b"]

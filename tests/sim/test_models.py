@@ -8,10 +8,10 @@ import pytest
 from dllm_server.decoding.params import BlockPolicy, DecodeParams
 from dllm_server.sim.behaviour import (POSITIONS_PER_FORWARD, ParametricBehaviour, ReplayBehaviour, SimRequest,
                                        positions_per_forward)
-from dllm_server.sim.cost import FittedCost, fit_iterations, load_cpu_cost, trimmed_fit
-from dllm_server.sim.gpu_cost import DEVICES, LINKS, MODELS, from_gpu_bench, gpu_cost
-from dllm_server.worker.core import IterationStats as _It
-from dllm_server.worker.core import IterationStats
+from dllm_server.costmodel.fitted import FittedCost, fit_iterations, load_cpu_cost, trimmed_fit
+from dllm_server.costmodel.gpu import DEVICES, LINKS, MODELS, from_gpu_bench, gpu_cost
+from dllm_server.costmodel.iteration import IterationStats as _It
+from dllm_server.costmodel.iteration import IterationStats
 
 
 # ---- GPU roofline ----
@@ -186,8 +186,8 @@ def test_replay_takes_the_recorded_forwards_and_samples_for_unknown_requests():
 def test_tp_cost_splits_the_sharded_work_and_adds_two_all_reduces_a_layer():
     from dataclasses import replace
 
-    from dllm_server.sim.gpu_cost import AllReduce
-    from dllm_server.worker.core import IterationStats
+    from dllm_server.costmodel.gpu import AllReduce
+    from dllm_server.costmodel.iteration import IterationStats
     one = gpu_cost("llada-8b", "h100")
     two = gpu_cost("llada-8b", "h100", tp=2)
     assert gpu_cost("llada-8b", "h100", tp=1).forward_s(IterationStats(decode_tokens=32, decode_keys=600,

@@ -2,7 +2,7 @@
 import json
 
 from dllm_server.cli import main
-from dllm_server.sim.plan import build_setup, candidates, capacity, plan, table
+from dllm_server.sizing import build_setup, candidates, capacity, plan, table
 
 
 def test_candidates_cover_budgets_and_every_split():

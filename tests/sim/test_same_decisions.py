@@ -10,7 +10,7 @@ from dllm_server import LLM, SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.sim.behaviour import ReplayBehaviour, requests_from_rows, rows_from_outputs
 from dllm_server.sim.cluster import Simulator
-from dllm_server.sim.cost import FittedCost
+from dllm_server.costmodel.fitted import FittedCost
 
 SCHED = dict(block_length=8, token_budget=64, max_active_decodes=3, num_pages=24, page_size=16)
 

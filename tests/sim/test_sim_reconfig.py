@@ -7,7 +7,7 @@ import pytest
 
 from dllm_server.config import ServerConfig
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, SimRequest, positions_per_forward
-from dllm_server.sim.gpu_cost import MODELS, gpu_cost
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
 from dllm_server.sim.instances import unloaded_latency_s, with_slos
 from dllm_server.sim.regroup import Reconfigurer, layout_simulator
 

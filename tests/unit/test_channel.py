@@ -1,4 +1,4 @@
-"""The socket transport (channel.py) on loopback: strangers on the hub's port never hold up a
+"""The socket transport (executor/channel.py) on loopback: strangers on the hub's port never hold up a
 worker's connection, messages flow both ways, and a dead peer ends the reader's read."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from multiprocessing.connection import Client
 
 import pytest
 
-from dllm_server.channel import SocketHub
+from dllm_server.executor.channel import SocketHub
 
 
 @pytest.fixture

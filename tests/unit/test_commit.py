@@ -2,13 +2,12 @@
 steps) and its own seeded sampler, whatever else shares the batch."""
 import torch
 
-from dllm_server.config import ServerConfig
 from dllm_server.decoding.commit import CommitRow, commit_step, fixed_count
 from dllm_server.decoding.params import BlockPolicy, SamplingParams
 
 MASK = 9
-GREEDY = SamplingParams(max_tokens=8).resolve(ServerConfig(block_length=4), 1)
-HOT = SamplingParams(max_tokens=8, temperature=1.0).resolve(ServerConfig(block_length=4), 1)
+GREEDY = SamplingParams(max_tokens=8).resolve(4, 1)
+HOT = SamplingParams(max_tokens=8, temperature=1.0).resolve(4, 1)
 
 
 def logits_for(confidences):

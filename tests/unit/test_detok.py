@@ -4,7 +4,7 @@ import random
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dllm_server.engine.detok import REPLACEMENT, IncrementalDetokenizer
+from dllm_server.request.detok import REPLACEMENT, IncrementalDetokenizer
 from dllm_server.model.tiny import SPECIALS, byte_tokenizer
 
 TEXTS = ["Good morrow, my lord. What news?", "naïve café — ünïcödé ✓ 日本語のテキスト 🙂🙃 done",

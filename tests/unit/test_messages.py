@@ -13,7 +13,7 @@ from dllm_server import messages as M
 from dllm_server.config import ServerConfig
 from dllm_server.decoding.params import BlockPolicy, SamplingParams
 
-PARAMS = SamplingParams(max_tokens=16, temperature=0.7, seed=3).resolve(ServerConfig(), 5)
+PARAMS = SamplingParams(max_tokens=16, temperature=0.7, seed=3).resolve(ServerConfig().block_length, 5)
 POLICY = BlockPolicy(0.8, None, 4)
 CANVAS = torch.arange(24, dtype=torch.int64)
 SUBMIT = M.SubmitBlock("r1", 1, 8, CANVAS, PARAMS, POLICY, (2, 5), 7, 1, True, 3, BlockPolicy(0.5))

@@ -1,5 +1,5 @@
 """Synthetic prompts (benchmarks, `dllm-server calibrate`) draw byte-range ids and shift them by
-model.args.plain_id_offset, so they never hit a special token: no shift for byte-level
+checkpoint.plain_id_offset, so they never hit a special token: no shift for byte-level
 checkpoints (the recorded figures' prompts unchanged), past the specials for the demo model v2's
 BPE."""
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from dllm_server.checkpoint import model_path, plain_id_offset_of
-from dllm_server.model.args import plain_id_offset
+from dllm_server.checkpoint import plain_id_offset
 
 DEMO_V1 = Path(__file__).resolve().parents[2] / "training" / "demo-v1"
 

@@ -1,4 +1,4 @@
-"""The cluster planner's pure parts (policy/capacity_table.py, planner.py, transition.py): the
+"""The cluster planner's pure parts (cluster/capacity_table.py, planner.py, transition.py): the
 capacity table's formula by hand and its monotonicity, stage 1 against brute-force enumeration of
 every integer layout, stage 2 against brute force on small clusters, overload, hysteresis and the
 rate forecast."""
@@ -10,12 +10,12 @@ import pytest
 
 pytest.importorskip("scipy.optimize")
 
-from dllm_server.policy.capacity_table import (capacity_table, from_roofline, from_step_time_model,  # noqa: E402
+from dllm_server.cluster.capacity_table import (capacity_table, from_roofline, from_step_time_model,  # noqa: E402
                                                instance_capacity, iteration_at, roofline_seats)
-from dllm_server.policy.planner import (SPARE_WEIGHT, UNSERVED_PENALTY, CapacityPlan, evaluate_layout,  # noqa: E402
+from dllm_server.cluster.layout_ilp import (SPARE_WEIGHT, UNSERVED_PENALTY, CapacityPlan, evaluate_layout,  # noqa: E402
                                         forecast_rate, plan_capacity, should_regroup)
-from dllm_server.policy.step_time import StepTimeModel, features  # noqa: E402
-from dllm_server.policy.transition import Slot, candidate_slots, plan_transition, slot_of  # noqa: E402
+from dllm_server.costmodel.step_time import StepTimeModel, features  # noqa: E402
+from dllm_server.cluster.transition import Slot, candidate_slots, plan_transition, slot_of  # noqa: E402
 
 DEGREES = (1, 2, 4, 8)
 TAUS = (0.95, 0.9, 0.8, 0.7)
@@ -56,7 +56,7 @@ def test_the_token_budget_bounds_the_batch():
 
 @functools.lru_cache(maxsize=1)
 def roofline():
-    from dllm_server.sim.gpu_cost import gpu_cost
+    from dllm_server.costmodel.gpu import gpu_cost
     costs = {d: gpu_cost("llada-8b", "h100", tp=d) for d in DEGREES}
     return from_roofline(costs), roofline_seats(costs, 512)
 
@@ -82,8 +82,8 @@ def test_capacity_monotone(source):
 
 
 def test_adapters_price_what_the_cost_models_do():
-    from dllm_server.sim.gpu_cost import gpu_cost
-    from dllm_server.worker.core import IterationStats
+    from dllm_server.costmodel.gpu import gpu_cost
+    from dllm_server.costmodel.iteration import IterationStats
     cost = gpu_cost("llada-8b", "h100", tp=4)
     it = from_roofline({4: cost})
     want = cost.turn_s(IterationStats(prefill_tokens=2 * 512, decode_tokens=8 * 32, decode_keys=8 * 512,
@@ -304,7 +304,7 @@ def test_forecast_rate():
 
 # ---- the regroup's waves and the prior for unmeasured degrees (engine/) ----
 def test_waves_bound_the_devices_out_of_service():
-    from dllm_server.engine.reconfig import Layout, changes, plan_waves
+    from dllm_server.cluster.regroup import Layout, changes, plan_waves
     cur, tgt = Layout.of_degrees([2] * 8), Layout.of_degrees([8, 8])
     stop, start = changes(cur, tgt)
     assert plan_waves(cur, stop, start) == [(stop, start)]                 # one wave: changes' own slots
@@ -334,7 +334,7 @@ def test_waves_bound_the_devices_out_of_service():
 def test_the_prior_speedup_is_sublinear_and_measured_degrees_keep_their_model():
     from types import SimpleNamespace
 
-    from dllm_server.engine.planning import degree_models, tp_speedup
+    from dllm_server.cluster.planner import degree_models, tp_speedup
     assert tp_speedup(1, 0.4) == 1.0 and tp_speedup(8, 0.0) == 8.0
     assert [round(tp_speedup(d, 0.4), 2) for d in (2, 4, 8)] == [1.43, 1.82, 2.11]   # cluster_level.md 6.2's batch-32 row
 

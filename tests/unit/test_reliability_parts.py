@@ -8,10 +8,10 @@ from dllm_server.api.body import Limits, check_limits, parse_body
 from dllm_server.api.errors import APIError
 from dllm_server.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest
 from dllm_server.config import ServerConfig
-from dllm_server.engine.inputs import check_prompt_chars, input_chars
-from dllm_server.engine.requests import StreamEvent
-from dllm_server.engine.stream_buffer import StreamBuffer
-from dllm_server.engine.watchdog import Watchdog
+from dllm_server.request.inputs import check_prompt_chars, input_chars
+from dllm_server.request.events import StreamEvent
+from dllm_server.request.stream_buffer import StreamBuffer
+from dllm_server.executor.watchdog import Watchdog
 from dllm_server.messages import LoadReport, StepDelta
 
 

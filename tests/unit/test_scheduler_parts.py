@@ -6,14 +6,15 @@ import pytest
 
 from dllm_server.config import ServerConfig
 from dllm_server.decoding.params import BlockPolicy, SamplingParams
-from dllm_server.engine.detok import IncrementalDetokenizer
-from dllm_server.engine.handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
+from dllm_server.request.detok import IncrementalDetokenizer
+from dllm_server.scheduler.handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from dllm_server.policy.base import FixedPolicy
-from dllm_server.engine.request_state import RequestState
-from dllm_server.engine.requests import STREAM_NONE, STREAM_TEXT, Entry, RequestTable
-from dllm_server.engine.scheduler import Scheduler
+from dllm_server.request.state import RequestState
+from dllm_server.request.events import STREAM_NONE, STREAM_TEXT
+from dllm_server.scheduler.request_table import Entry, RequestTable
+from dllm_server.scheduler.scheduler import Scheduler
 from dllm_server.engine.stats import snapshot
-from dllm_server.engine.workers import WorkerTable
+from dllm_server.scheduler.worker_table import WorkerTable
 from dllm_server.messages import (Abort, BlockDone, ContinueBlock, HandoffDone, HandoffKV, InstallKV, KVSent,
                                   LoadReport, ModelInfo, PrefillDone, ReceiveKV, SetPolicy, StepDelta, SubmitBlock,
                                   WorkerReady)
@@ -42,7 +43,7 @@ def make(roles, pages=64, **cfg):
 
 def request(rid, max_tokens=24, prompt=(1, 2, 3), stream=STREAM_NONE, seq=0):
     params = SamplingParams(max_tokens=max_tokens)
-    st = RequestState(rid, None, list(prompt), params, params.resolve(ServerConfig(block_length=8), 1), MASK,
+    st = RequestState(rid, None, list(prompt), params, params.resolve(8, 1), MASK,
                       (EOS,), seq)
     return Entry(st, asyncio.Queue(), stream, 0.0)
 
@@ -230,7 +231,7 @@ def test_text_stream_events_only_when_visible_text_grows():
 
 
 def test_routing_by_predicted_completion_prefers_the_sooner_worker():
-    from dllm_server.engine.placement import WorkerLoad, keeps_request, pick_by_completion
+    from dllm_server.scheduler.placement import WorkerLoad, keeps_request, pick_by_completion
     loads = [WorkerLoad(0, "colocated", 0, 64, 64, True), WorkerLoad(1, "colocated", 500, 64, 64, True),
              WorkerLoad(2, "colocated", 0, 2, 2, True)]
     assert pick_by_completion(loads, {0: 0.5, 1: 0.2, 2: 0.1}, pages_needed=4) == 1   # 2 cannot hold the canvas

@@ -3,10 +3,11 @@ predictor's export, the request progress features."""
 import numpy as np
 import pytest
 
-from dllm_server.policy.load_control import LoadController, capacity_rate, demand_rate
+from dllm_server.costmodel.worker_speed import capacity_rate
+from dllm_server.policy.load_control import LoadController, demand_rate
 from dllm_server.policy.predictor import SimpleEstimator, TreeEnsemble, export_hist_gbm
 from dllm_server.policy.progress import FEATURES, feature_row
-from dllm_server.policy.step_time import StepTimeModel, features, fit
+from dllm_server.costmodel.step_time import StepTimeModel, features, fit
 from dllm_server.policy.thresholds import allowed, choose_threshold, remaining_seconds
 
 CANDS = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)
@@ -129,7 +130,7 @@ def _brute_force_decode_seconds(F, others_f, unit, canvas, others_canvas):
 
 
 def test_queued_seconds_is_processor_sharing_with_recompute_steps_priced_apart():
-    from dllm_server.policy.queue import Others, UnitCosts, queued_seconds
+    from dllm_server.costmodel.work_ahead import Others, UnitCosts, queued_seconds
     rng = np.random.default_rng(5)
     unit = UnitCosts(iteration_s=0.004, row_tokens_s=0.002, key_s=1e-6, prefill_token_s=5e-5, prefill_sq_s=1e-8)
     for _ in range(50):
@@ -170,8 +171,8 @@ def test_a_threshold_above_the_default_needs_slack_and_no_cap():
 
 
 def test_capacity_counts_a_recompute_step_per_block():
-    from dllm_server.policy.load_model import WorkerLoadModel
-    from dllm_server.policy.step_time import features
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
+    from dllm_server.costmodel.step_time import features
     load = WorkerLoadModel(32)
     for n in (1, 2, 4, 8, 16, 32):                                # cache steps: 5 ms + 1 ms a row
         load.models[0].add(features(32 * n, 256 * n), 0.005 + 0.001 * n)
@@ -205,8 +206,8 @@ class _TauForwards(SimpleEstimator):
 def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quiet_spell():
     from dllm_server.config import ServerConfig
     from dllm_server.decoding.params import SamplingParams
-    from dllm_server.engine.request_state import GenerationOutput, GenerationStats, RequestState
-    from dllm_server.policy.load_model import WorkerLoadModel
+    from dllm_server.request.state import GenerationOutput, GenerationStats, RequestState
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
     from dllm_server.policy.slo import SLOPolicy
     config = ServerConfig(block_length=8, threshold_policy="slo")
     load = WorkerLoadModel(8)
@@ -220,7 +221,7 @@ def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quie
         out = []
         for i in range(n):
             sp = SamplingParams(max_tokens=32, slo_ms=2000)
-            out.append(RequestState(f"r{seq0 + i}", None, [1, 2, 3], sp, sp.resolve(config, 1), 0, (9,), seq0 + i))
+            out.append(RequestState(f"r{seq0 + i}", None, [1, 2, 3], sp, sp.resolve(config.block_length, 1), 0, (9,), seq0 + i))
             out[-1].arrived_at = now[0]
         return [p.threshold for p in policy.block_policies([(st, 0) for st in out])]
 

@@ -1,5 +1,6 @@
-"""The package's shape holds: no import circle of any length (imports inside functions counted), the front process reaches the worker side only
-through engine/worker_pool.py, no module over 400 lines, the Scheduler under 250."""
+"""The package's shape holds (scripts/check_imports.py): every package imports only what its layer
+allows, no import circle of any length (imports inside functions counted), no module over 400
+lines, and the checker itself sees a violation when there is one."""
 import importlib.util
 from pathlib import Path
 
@@ -13,17 +14,24 @@ def _checker():
     return mod
 
 
-def test_no_import_cycle_and_one_seam_and_small_modules(capsys):
+def test_layers_hold_with_no_import_cycle_and_small_modules():
     c = _checker()
     g = c.graph()
-    assert "dllm_server.engine.scheduler" in g and len(g) > 40
-    assert c.cycles(g) == []
-    assert c.seam_violations(g) == []
-    assert c.size_violations() == []
-    # the checker itself sees a circle and a seam crossing when there is one
-    assert c.cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
-    assert c.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert "dllm_server.scheduler.scheduler" in g and len(g) > 40
+    assert c.problems(g) == []
+    assert c.main([]) == 0
     # imports inside functions count: checkpoint reads SamplingParams inside request_defaults
     assert "dllm_server.decoding.params" in g["dllm_server.checkpoint"]
-    assert c.seam_violations({"dllm_server.api.x": {"dllm_server.worker.core"}}) != []
-    assert c.main() == 0
+
+
+def test_the_checker_sees_cycles_and_layer_crossings():
+    c = _checker()
+    assert c.cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    assert c.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert c.layer_violations({"dllm_server.api.x": {"dllm_server.worker.core"}}) == [
+        "dllm_server.api.x imports dllm_server.worker.core (api may not import worker)"]
+    assert c.layer_violations({"dllm_server.policy.x": {"dllm_server.scheduler.scheduler"}}) != []
+    assert c.layer_violations({"dllm_server.decoding.x": {"dllm_server.config"}}) != []
+    assert c.layer_violations({"dllm_server.newpkg.x": set()}) != []       # every package needs a rule
+    assert c.cycles_of_packages({"dllm_server.a.x": {"dllm_server.b.y"}, "dllm_server.b.y": {"dllm_server.a.z"},
+                                 "dllm_server.a.z": set()}) != []

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from ..decoding.params import SamplingParams
 from ..engine.async_engine import AsyncEngine
-from ..engine.output import MASK_GLYPH
+from ..request.output import MASK_GLYPH
 
 STATIC = Path(__file__).resolve().parents[1] / "assets" / "playground"
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",

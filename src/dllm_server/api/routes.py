@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse, Response
 from .. import __version__
 from ..decoding.params import sample_seed
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
-from ..engine.requests import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT, RequestHandle
+from ..request.events import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT
+from ..engine.handle import RequestHandle
 from . import sse
 from .body import Limits, check_limits, parse_body, read_body
 from .errors import APIError, from_value_error

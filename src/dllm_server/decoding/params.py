@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import REMASKING, ServerConfig
 from .canvas import answer_len, block_bounds, num_blocks
+
+REMASKING = ("low_confidence", "random")
 
 MAX_SEED = 2**63 - 1
 
@@ -100,7 +101,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
 
-    def resolve(self, config: ServerConfig, default_seed: int, model_block: int = 0) -> "DecodeParams":
+    def resolve(self, default_block_length: int, default_seed: int, model_block: int = 0) -> "DecodeParams":
         """The request-wide decoding fields: server defaults filled in, a seed fixed so results
         never depend on batching. (Commit rules are resolved per block: BlockPolicy.) A
         block-causal model (`model_block` > 0, its trained block size) decodes on its own blocks:
@@ -111,7 +112,7 @@ class SamplingParams:
                                  f"(block-causal attention), got {self.block_length}")
             block = model_block
         else:
-            block = config.block_length if self.block_length is None else self.block_length
+            block = default_block_length if self.block_length is None else self.block_length
         return DecodeParams(self.max_tokens, block, self.temperature, self.top_p, self.remasking,
                             default_seed if self.seed is None else self.seed, self.ignore_eos, max(0, self.top_k),
                             float(self.min_p), block_causal=bool(model_block))

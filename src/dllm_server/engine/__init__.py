@@ -1,2 +1,2 @@
-"""Request side: tokenizer, request state and output assembly (shared by the offline LLM and
-the serving engine), the central scheduler and the worker pool."""
+"""The front process's engine: AsyncEngine composes the scheduler, the executor and the cluster
+planner loop behind the one surface the API uses."""

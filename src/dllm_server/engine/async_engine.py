@@ -19,21 +19,23 @@ from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
-from .inputs import check_prompt_chars, check_request, input_chars, prompt_ids
-from .placement import worker_roles
-from .planning import PlannerState, decide
-from .reconfig import Layout, plan_layout, run_regroup
+from ..request.inputs import check_prompt_chars, check_request, input_chars, prompt_ids
+from ..scheduler.placement import worker_roles
+from ..cluster.planner import PlannerState, decide
+from ..cluster.regroup import Layout, plan_layout, run_regroup
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
-from ..policy.load_model import WorkerLoadModel
-from .request_state import GenerationOutput, RequestState
-from .requests import STREAM_NONE, Entry, RequestHandle, StreamEvent
-from .scheduler import Scheduler
+from ..costmodel.worker_speed import WorkerLoadModel
+from ..request.state import GenerationOutput, RequestState
+from ..request.events import STREAM_NONE, StreamEvent
+from ..scheduler.request_table import Entry
+from .handle import RequestHandle
+from ..scheduler.scheduler import Scheduler
 from .stats import EngineStats, snapshot
-from .stream_buffer import StreamBuffer
-from .tokenize import Tokenizer, stop_token_ids
-from .watchdog import Watchdog
-from .worker_pool import WorkerPool
+from ..request.stream_buffer import StreamBuffer
+from ..request.tokenize import Tokenizer, stop_token_ids
+from ..executor.watchdog import Watchdog
+from ..executor.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 # Inputs at least this long are tokenized (and chat-templated) on a thread, off the event loop;
@@ -161,7 +163,7 @@ class AsyncEngine:
 
     async def reconfigure(self, degrees: list[int], timeout_s: float = 120.0) -> dict:
         """Regroup the devices into instances of these tensor-parallel degrees while serving
-        (engine/reconfig.py): instances that change drain at block boundaries, no request is lost
+        (cluster/regroup.py): instances that change drain at block boundaries, no request is lost
         or sees a different answer. Colocated placement and the mp backend only."""
         if self.config.placement != "colocated" or self.config.distributed_executor_backend != "mp":
             raise ValueError("reconfigure: only colocated placement with the mp backend regroups (disaggregated "
@@ -180,7 +182,7 @@ class AsyncEngine:
         return result
 
     async def _plan(self) -> None:
-        """The reconfiguration planner, every period (engine/planning.py)."""
+        """The reconfiguration planner, every period (cluster/planner.py)."""
         while True:
             await asyncio.sleep(self.config.reconfigure_period_s)
             if self.draining or self.dead or self._regroup_lock.locked():
@@ -276,7 +278,7 @@ class AsyncEngine:
                request_id: str | None) -> RequestState:
         params = params or SamplingParams(**self.sampling_defaults)      # the generation config's, as LLM
         seq = next(self._arrivals)
-        resolved = params.resolve(self.config, request_seed(self.config.seed, seq), self.model_info.block_size)
+        resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq), self.model_info.block_size)
         check_request(ids, params, resolved, self.model_info)
         state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, params, resolved,
                              self.model_info.mask_id, self.stop_ids, seq,

@@ -9,26 +9,6 @@ from ..config import WorkerPolicy
 from ..messages import RowInvariance
 
 
-@dataclass(slots=True)
-class Counters:
-    """Monotonic counters since start (the scheduler and its handoff part count into one; a
-    snapshot holds a copy)."""
-    kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
-    kv_transfers_failed: int = 0
-    kv_handoffs: int = 0
-    kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
-    prefills_overflowed: int = 0
-    blocks_continued: int = 0               # next blocks queued in place (no trip through the router)
-    worker_restarts: int = 0
-    worker_hangs: int = 0                   # workers the watchdog killed (no progress with work in flight)
-    streams_overflowed: int = 0             # requests ended because their consumer stopped reading
-    canvas_positions: int = 0               # positions fed through the model
-    blocks_evicted: int = 0                 # blocks taken back from a draining instance before they started
-    reconfigurations: int = 0               # regroups done (engine/reconfig.py)
-    drain_seconds: float = 0.0              # summed over the instances drained
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerStats:
     worker_id: int

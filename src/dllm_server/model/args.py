@@ -4,17 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def plain_id_offset(special_ids) -> int:
-    """What to add to a synthetic prompt's byte-range ids (0-255: benchmarks, calibration) so that
-    none is a special token: the first start of a 256-id window free of them. 0 where the specials
-    sit above the bytes (byte-level checkpoints, LLaDA, Dream: every figure recorded before
-    2026-12-01); 6 for the demo model v2, whose BPE puts its six specials first."""
-    special, offset = set(special_ids), 0
-    while hit := [s for s in special if offset <= s < offset + 256]:
-        offset = max(hit) + 1
-    return offset
-
-
 @dataclass(frozen=True, slots=True)
 class ModelArgs:
     arch: str                 # "llada" | "dream" | "sdar"

@@ -4,8 +4,8 @@
 - slo.py: SLOPolicy (DiLaServe): per block, the highest candidate threshold whose predicted
   remaining latency fits the request's SLO, under a cluster-wide cap from load control.
   It composes pure parts: progress.py (what a request's denoising looks like so far, the
-  predictor's features), predictor.py (remaining forwards), step_time.py (iteration time per
-  worker), thresholds.py (the choice) and load_control.py (the cap).
+  predictor's features), predictor.py (remaining forwards), thresholds.py (the choice) and
+  load_control.py (the cap); iteration times come from costmodel/.
 """
 
 from ..config import ServerConfig

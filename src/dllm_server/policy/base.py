@@ -13,7 +13,7 @@ from typing import Protocol
 
 from ..decoding.canvas import effective_steps, steps_per_block
 from ..decoding.params import BlockPolicy
-from ..engine.request_state import GenerationOutput, RequestState
+from ..request.state import GenerationOutput, RequestState
 from ..messages import BlockDone, LoadReport, StepDelta
 
 

@@ -40,23 +40,6 @@ def arrival_rate(times, now: float, windows: tuple[float, ...] = (1.0, 5.0)) -> 
     return max(float((ages <= w).sum()) / max(min(w, now - times[0]), 1.0) for w in windows)
 
 
-def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf"),
-                  recompute_rows: Callable[[int], float] | None = None) -> float:
-    """Request-forwards per second one worker can run: a batch of n advances n requests by one
-    forward per iteration (plus the recompute steps in it, `recompute_rows(n)`: each is a forward
-    of its request too), so the best (n + recomputes) / t(n) over the batch sizes it may seat whose
-    iteration stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
-    best = 0.0
-    for n in range(1, max(1, max_batch) + 1):
-        t = iteration_s(n)
-        if t <= 0:
-            continue
-        if n > 1 and t > max_iteration_s:
-            break                       # iteration time grows with the batch
-        best = max(best, (n + (recompute_rows(n) if recompute_rows else 0.0)) / t)
-    return best
-
-
 @dataclass(slots=True)
 class LoadController:
     candidates: tuple[float, ...]          # highest first, all >= the quality floor

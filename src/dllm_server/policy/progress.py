@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..decoding.commit import CONFIDENCE_STATS
-from ..engine.request_state import RequestState
+from ..request.state import RequestState
 from ..messages import StepDelta
 
 FEATURES = ("tau", "block_index", "blocks_left", "step", "masked_in_block", "masked_frac", "committed_last",

@@ -4,7 +4,7 @@ control. A request that names its own rule (threshold, factor or steps) keeps it
 
 Fed by the scheduler (it `observes`): every step updates the request's Progress; the scheduler's
 WorkerLoadModel (step-time models from the workers' profiles and iteration reports) is shared.
-The remaining latency is priced with the work ahead (policy/queue.py): every request live on the
+The remaining latency is priced with the work ahead (costmodel/work_ahead.py): every request live on the
 same worker, queued or running, with its own remaining forwards and re-prefills at the threshold
 it was last decided at. Decisions: `block_policy` when a block is dispatched; `revise`, once per
 scheduling tick (rate-limited), re-decides the running block and the leased next block of every
@@ -20,13 +20,13 @@ from typing import Callable
 import numpy as np
 
 from ..decoding.params import BlockPolicy
-from ..engine.request_state import GenerationOutput, RequestState
+from ..request.state import GenerationOutput, RequestState
 from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
 from .load_control import LoadController, arrival_rate, demand_rate
-from .load_model import WorkerLoadModel
+from ..costmodel.worker_speed import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
-from .queue import Others, queued_seconds
+from ..costmodel.work_ahead import Others, queued_seconds
 from .thresholds import allowed, choose_indices, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..decoding.params import BlockPolicy
-from ..engine.request_state import GenerationOutput, RequestState
+from ..request.state import GenerationOutput, RequestState
 from ..messages import BlockDone, LoadReport, StepDelta
 from .progress import Progress, feature_row
 

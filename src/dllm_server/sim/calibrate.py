@@ -4,7 +4,7 @@ For each worker count asked (worker processes share the 2 cores, so two running 
 each slower than one alone): a colocated engine runs a mixed open-loop workload under three token
 budgets (so iterations cover decode-only and mixed shapes, small and large), and its iteration
 reports (LoadReport: what each iteration fed, its turn and forward time) are fitted with
-policy/step_time.py's features (sim/cost.py, fit_iterations). Then requests sent one at a time
+costmodel/step_time.py's features (costmodel/fitted.py, fit_iterations). Then requests sent one at a time
 give the one-way message latency: what their latency has beyond the fitted time of their own
 iterations, halved. A gloo send between two processes gives the KV link's bandwidth.
 
@@ -29,7 +29,7 @@ from loadgen.workload import random_ids
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams
 from ..checkpoint import plain_id_offset_of
-from .cost import FittedCost, fit_iterations
+from ..costmodel.fitted import FittedCost, fit_iterations
 
 
 def _workload(n: int, rate: float, seed: int, prompts, answers, offset: int = 0) -> list:
@@ -82,7 +82,7 @@ async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[t
 
 def _latency(cost: FittedCost, alone: list[tuple[float, list]]) -> float:
     """One-way front <-> worker latency: a request alone costs latency = in + its turns + out."""
-    from ..worker.core import IterationStats
+    from ..costmodel.iteration import IterationStats
     extra = []
     for latency, reports in alone:
         turns = sum(cost.turn_s(IterationStats(r.prefill_tokens, r.iteration_tokens - r.prefill_tokens,
@@ -114,7 +114,7 @@ def _gloo_rank(rank: int, port: int, sizes: list[int], out) -> None:
 def link_bandwidth(sizes=(1 << 20, 4 << 20, 16 << 20)) -> float:
     """Bytes per second of a gloo send on loopback between two processes (the CPU handoff path)."""
     import torch.multiprocessing as mp
-    from ..launch import free_port
+    from ..server_process import free_port
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_gloo_rank, args=(r, port, list(sizes), q)) for r in (0, 1)]

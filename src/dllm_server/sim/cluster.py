@@ -33,13 +33,14 @@ import torch
 
 from ..config import ServerConfig
 from ..decoding.params import SamplingParams, request_seed
-from ..engine.placement import worker_roles
-from ..engine.request_state import RequestState
-from ..engine.requests import STREAM_NONE, Entry
-from ..engine.scheduler import Scheduler
+from ..scheduler.placement import worker_roles
+from ..request.state import RequestState
+from ..request.events import STREAM_NONE
+from ..scheduler.request_table import Entry
+from ..scheduler.scheduler import Scheduler
 from ..messages import ModelInfo, WorkerReady
 from ..policy.base import FixedPolicy
-from ..policy.load_model import WorkerLoadModel
+from ..costmodel.worker_speed import WorkerLoadModel
 from ..worker.core import WorkerCore
 from ..worker.handoff import WorkerHandoffs
 from ..worker.kv_pool import KVPool
@@ -138,7 +139,7 @@ class _Worker:
 
 class _Unread(WorkerLoadModel):
     """Routing by load under a policy that does not observe never reads the step-time models
-    (engine/scheduler.py reads them only to route by completion): skip their upkeep."""
+    (scheduler/scheduler.py reads them only to route by completion): skip their upkeep."""
 
     def observe(self, worker_id, report) -> None:
         pass
@@ -199,7 +200,7 @@ class Simulator:
 
     def make_worker(self, wid: int, c, num_pages: int) -> tuple[_Worker, WorkerReady]:
         """A fresh worker for slot `wid` (its own WorkerCore, page pool and cost model) and the
-        WorkerReady it reports: pages, degree and, as worker/main.py, a profile only where the
+        WorkerReady it reports: pages, degree and, as executor/worker_main.py, a profile only where the
         config asks for one (worker/build.py startup_profile), timed by its cost model."""
         wc, model = self.wc, self.model
         wcw = wc if num_pages == wc.num_pages else dataclasses.replace(wc, num_pages=num_pages)
@@ -313,7 +314,7 @@ class Simulator:
             return
         sampling = SamplingParams(max_tokens=req.max_tokens, ignore_eos=req.ignore_eos, threshold=req.threshold,
                                   slo_ms=req.slo_ms, steps=req.steps)
-        params = sampling.resolve(cfg, request_seed(cfg.seed, seq), self.model.block_size)
+        params = sampling.resolve(cfg.block_length, request_seed(cfg.seed, seq), self.model.block_size)
         rid = f"r{seq}"
         st = RequestState(rid, None, [self.fill_id] * req.prompt_len, sampling, params, self.model.mask_id,
                           (self.model.eos_id,), seq)

@@ -15,15 +15,15 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..policy.planner import describe_counts
-from ..worker.core import IterationStats
+from ..cluster.layout_ilp import describe_counts
+from ..costmodel.iteration import IterationStats
 from ..worker.runner import fed_range
 
 
 @dataclass(frozen=True)
 class Instance:
     degree: int          # GPUs it spans (tensor-parallel degree)
-    cost: object         # its cost model (sim/cost.py protocol)
+    cost: object         # its cost model (costmodel/fitted.py protocol)
     num_pages: int       # its KV pool, in pages
 
 

@@ -1,7 +1,7 @@
 """Live regroups in the simulator, through the engine's own code: every `reconfigure_period_s` of
-simulated time (a RECONF event) the planner of engine/planning.py `decide`s on the policy's inputs,
+simulated time (a RECONF event) the planner of cluster/planner.py `decide`s on the policy's inputs,
 as AsyncEngine._plan does (or a given schedule names the degrees, for tests); the target layout is
-stage 2's (engine/reconfig.py `plan_layout`); the drain is engine/reconfig.py's `Regroup` over the
+stage 2's (cluster/regroup.py `plan_layout`); the drain is cluster/regroup.py's `Regroup` over the
 real Scheduler (planned instances out of routing, leases withdrawn, unstarted blocks evicted and
 re-dispatched). A drained instance's worker is retired at once; a new instance's worker is built
 `regroup_s` after its devices are free (REGROUP_DONE: fresh WorkerCore, pool and cost model for
@@ -14,11 +14,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..engine.planning import PlannerState, decide
-from ..engine.reconfig import Layout, Regroup, plan_layout
+from ..cluster.planner import PlannerState, decide
+from ..cluster.regroup import Layout, Regroup, plan_layout
 from .behaviour import ParametricBehaviour
 from .cluster import Simulator
-from .gpu_cost import MODELS
+from ..costmodel.gpu import MODELS
 from .instances import layout_instances
 
 # ASSUMPTION (not measured): from a drained instance's stop to its devices' new instance serving,

@@ -1,6 +1,6 @@
 """The simulated worker's Stepper (worker/model_step.py's seam): no model. Which positions of each
 row commit comes from a behaviour model (sim/behaviour.py), how long the forward takes from a cost
-model (sim/cost.py); the real WorkerCore applies the result, so block ends, early stops, seats and
+model (costmodel/fitted.py); the real WorkerCore applies the result, so block ends, early stops, seats and
 admissions are the core's own decisions."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ returns the resulting messages. A request's task lives across its blocks: when t
 left a continuation (`then`), a finished block queues the next block's re-prefill here at once,
 from the same canvas and on the same pages; otherwise the block's end goes back to the router
 and its pages return to the pool. The offline LLM drives the core in-process; worker processes
-drive it from their queues (worker/main.py).
+drive it from their queues (executor/worker_main.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import time
 import torch
 
 from ..decoding.params import BlockPolicy, SamplingParams
-from ..config import ServerConfig
 from ..messages import Abort, SubmitBlock
 from .core import WorkerCore
 
@@ -29,7 +28,7 @@ def _profile_once(core: WorkerCore, max_len: int) -> tuple[tuple[float, ...], ..
     model_block = core.stepper.args.block_size            # a block-causal model profiles its own blocks
     block = model_block or core.config.block_length
     token = 1 if core.mask_id != 1 else 2
-    params = SamplingParams(max_tokens=block).resolve(ServerConfig(block_length=block), 0, model_block)
+    params = SamplingParams(max_tokens=block).resolve(block, 0, model_block)
     slow = BlockPolicy(1.0, steps=block)                  # one commit per forward: stays seated
     rows: list[tuple[float, ...]] = []
 

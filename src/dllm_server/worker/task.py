@@ -8,6 +8,7 @@ import torch
 
 from ..decoding.params import BlockPolicy, DecodeParams
 from ..decoding.stop import AnswerMarks
+from ..costmodel.iteration import IterationStats
 from .kv_pool import PageAlloc
 
 WAITING, PREFILL, READY, ACTIVE, HELD = "waiting", "prefill", "ready", "active", "held"
@@ -51,20 +52,8 @@ class BlockTask:
         self.step, self.phase = 0, WAITING
 
 
-@dataclass(slots=True)
-class IterationStats:
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    decode_keys: int = 0
-    prefill_sq: int = 0
-    num_prefills: int = 0
-    num_decodes: int = 0
-    deficit_tokens: int = 0
-    forward_s: float = 0.0
-
-
 def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> IterationStats:
-    """What one iteration feeds (the step-time model's features, policy/step_time.py): a prefill
+    """What one iteration feeds (the step-time model's features, costmodel/step_time.py): a prefill
     feeds its whole canvas and attends over it (squared), a decode its fed tokens against the
     canvas's keys (a block-causal one: the positions it feeds against the keys up to its block's
     end, nothing after it). Pure; the core and the simulator's stepper both describe an iteration

@@ -1,6 +1,6 @@
 """One turn of a worker's pump: apply what the inbox held (one dispatch each), collect finished KV
 transfers, run an iteration when there is work, and close the turn's batch with a load report.
-The worker process (worker/main.py) and the cluster simulator (sim/cluster.py) both take their
+The worker process (executor/worker_main.py) and the cluster simulator (sim/cluster.py) both take their
 turns through this function, so a simulated worker decides exactly what a real one does; only
 where the messages come from and how long the turn lasts differ."""
 from __future__ import annotations

@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
-from .build import build_core, build_stepper, startup_profile
-from .determinism import check_model, summary as invariance_summary
-from .kv_transfer import connect_peers
-from .memory import IdleTrim, bound_kernel_caches, hold_freed_memory
-from .runner import InstanceBroken
-from .tp import follow, gather_rss, init_groups
-from .turn import take_turn
+from ..worker.build import build_core, build_stepper, startup_profile
+from ..worker.determinism import check_model, summary as invariance_summary
+from ..worker.kv_transfer import connect_peers
+from ..worker.memory import IdleTrim, bound_kernel_caches, hold_freed_memory
+from ..worker.runner import InstanceBroken
+from ..worker.tp import follow, gather_rss, init_groups
+from ..worker.turn import take_turn
 
 log = logging.getLogger("dllm_server.worker")
 HEARTBEAT_S = 1.0     # a worker with work reports at least this often, progress or not

@@ -1,13 +1,13 @@
 """Leases: a request's next block continued on the worker that runs its current one, when the
 router would put it there anyway (its canvas stays resident; no re-dispatch round trip). The
-scheduler (`sched` below: engine/scheduler.py's Scheduler) collects the blocks that continued in
+scheduler (`sched` below: scheduler/scheduler.py's Scheduler) collects the blocks that continued in
 a tick and decides their leases in one batched policy call here."""
 from __future__ import annotations
 
 from ..decoding.params import BlockPolicy
 from ..messages import ContinueBlock, Evict
 from .placement import WorkerLoad, keeps_request
-from .requests import Entry
+from .request_table import Entry
 
 
 def completion(sched, entry: Entry) -> dict[int, float] | None:

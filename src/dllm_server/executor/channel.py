@@ -2,13 +2,13 @@
 worker reads an inbox with get / get_nowait and puts batches to an outbox; the front sends to
 the inbox and gets batches, EOFError once the worker is gone), chosen at construction.
 
-Pipes (workers the front spawns itself, engine/worker_pool.py): the inbox is an mp.Queue, the
+Pipes (workers the front spawns itself, executor/worker_pool.py): the inbox is an mp.Queue, the
 outbox a one-way pipe the worker's loop writes synchronously.
 
 mp.Queue hands every put to a feeder thread in the writing process; at batch 1 the GIL handoffs
 between a worker's loop and that thread (on the put's notify and on the next inbox poll) took
 about 17 % of the worker's time (py-spy). With this pipe and the reader's SCHED_BATCH
-(engine/worker_pool.py) the served path's extra cost per step fell from 0.75 to 0.49 ms
+(executor/worker_pool.py) the served path's extra cost per step fell from 0.75 to 0.49 ms
 (docs/benchmarks.md §8).
 Here the loop pickles (a few hundred bytes per step) and writes itself. Serialisation is
 mp.Queue's (ForkingPickler: tensors travel as shared memory). The front closes its copy of the

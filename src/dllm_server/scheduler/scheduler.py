@@ -18,15 +18,16 @@ from ..decoding.params import BlockPolicy
 from ..messages import (Abort, BlockDone, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
                         PrefillDone, StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
-from .output import advance, progress_event
+from ..request.output import advance, progress_event
 from .leases import completion, grant_leases, lease
 from .placement import pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
-from ..policy.load_model import WorkerLoadModel
-from .request_state import GenerationOutput
-from .requests import STREAM_PROGRESS, STREAM_TEXT, Entry, RequestTable, StreamEvent
-from .stats import Counters
-from .workers import WorkerTable
+from ..costmodel.worker_speed import WorkerLoadModel
+from ..request.state import GenerationOutput
+from ..request.events import STREAM_PROGRESS, STREAM_TEXT, StreamEvent
+from .request_table import Entry, RequestTable
+from .counters import Counters
+from .worker_table import WorkerTable
 
 log = logging.getLogger(__name__)
 

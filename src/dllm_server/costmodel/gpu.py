@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..messages import ModelInfo
-from ..worker.core import IterationStats
+from .iteration import IterationStats
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,26 @@ from __future__ import annotations
 import collections
 
 from ..messages import LoadReport
-from .load_control import capacity_rate
-from .queue import UnitCosts
+from .work_ahead import UnitCosts
 from .step_time import StepTimeModel, features, report_features
 
+
+
+def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf"),
+                  recompute_rows: Callable[[int], float] | None = None) -> float:
+    """Request-forwards per second one worker can run: a batch of n advances n requests by one
+    forward per iteration (plus the recompute steps in it, `recompute_rows(n)`: each is a forward
+    of its request too), so the best (n + recomputes) / t(n) over the batch sizes it may seat whose
+    iteration stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
+    best = 0.0
+    for n in range(1, max(1, max_batch) + 1):
+        t = iteration_s(n)
+        if t <= 0:
+            continue
+        if n > 1 and t > max_iteration_s:
+            break                       # iteration time grows with the batch
+        best = max(best, (n + (recompute_rows(n) if recompute_rows else 0.0)) / t)
+    return best
 
 class WorkerLoadModel:
     def __init__(self, block_length: int):
@@ -80,7 +96,7 @@ class WorkerLoadModel:
 
     def unit_costs(self, w: int) -> UnitCosts | None:
         """Worker `w`'s iteration cost split into per-iteration, per-decode-row and per-re-prefill
-        parts (policy/queue.py), from its step-time model; None before it has one."""
+        parts (costmodel/work_ahead.py), from its step-time model; None before it has one."""
         m = self.models.get(w)
         if m is None or not m.ready:
             return None

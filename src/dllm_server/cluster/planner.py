@@ -1,6 +1,6 @@
 """The periodic cluster planner of the front (`--reconfigure`, DiLaServe's two-stage ILP, live):
 every `reconfigure_period_s` it forecasts the arrival rate, builds the capacity table from the
-live instances' step-time models, solves stage 1 (policy/planner.py) for the layout that
+live instances' step-time models, solves stage 1 (cluster/layout_ilp.py) for the layout that
 maximises the mean threshold, compares it with the current layout's own value (hysteresis:
 policy/planner.should_regroup, so a steady load never regroups), and returns the degrees to
 regroup into, or None. Bursts shorter than a period are load control's (policy/slo.py).
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import tp_degree_error
-from ..policy.capacity_table import capacity_table, from_step_time_model
-from ..policy.planner import evaluate_layout, forecast_rate, plan_capacity, should_regroup
+from .capacity_table import capacity_table, from_step_time_model
+from .layout_ilp import evaluate_layout, forecast_rate, plan_capacity, should_regroup
 
 log = logging.getLogger(__name__)
 

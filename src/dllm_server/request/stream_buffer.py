@@ -11,7 +11,7 @@ import asyncio
 import collections
 from typing import Callable
 
-from .requests import StreamEvent
+from .events import StreamEvent
 
 
 class StreamBuffer:

@@ -4,7 +4,7 @@ and with `--tensor-parallel` colocated layouts of N x TPd instances on the same 
 by capacity at the SLO: the highest Poisson rate whose simulated latency meets it
 (loadgen.capacity's search: double, then bisect). Every number is simulated: the cost model's
 assumptions travel with the result (`describe`); a TP candidate's instances are costed by the same
-model at degree d (sim/gpu_cost.py `tp`), each its own pool."""
+model at degree d (costmodel/gpu.py `tp`), each its own pool."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from loadgen.capacity import find_capacity_sync
 
-from ..config import ServerConfig
-from .behaviour import ParametricBehaviour, ReplayBehaviour, load_trace_rows
-from .cluster import Simulator
-from .workload import preset_workload, rescale, trace_workload
+from .config import ServerConfig
+from .sim.behaviour import ParametricBehaviour, ReplayBehaviour, load_trace_rows
+from .sim.cluster import Simulator
+from .sim.workload import preset_workload, rescale, trace_workload
 
 SLO_METRICS = ("mean", "p50", "p90", "p99")
 
@@ -197,18 +197,18 @@ def build_setup(model: str, device: str, workload: str | None, trace: str | None
     """Profiles by name: device "h100" | "h200" with model "llada-8b" | "dream-7b" (roofline, or
     fitted to a bench/gpu.py JSON with `gpu_bench`), or device "cpu" with a calibration file (the
     model is then the one calibrated)."""
-    from .gpu_cost import MODELS, from_gpu_bench, gpu_cost
+    from .costmodel.gpu import MODELS, from_gpu_bench, gpu_cost
     if slo_metric not in SLO_METRICS:
         raise ValueError(f"slo_metric: one of {SLO_METRICS}, got {slo_metric!r}")
     base = ServerConfig(block_length=block_length, threshold=threshold, max_waiting_requests=1 << 20)
     if device == "cpu":
         if calibration is None:
             raise ValueError("calibration: device cpu needs the file written by `dllm-server calibrate`")
-        from .cost import load_cpu_cost
-        from ..checkpoint import model_path, read_config
+        from .costmodel.fitted import load_cpu_cost
+        from .checkpoint import model_path, read_config
         cost = load_cpu_cost(calibration, num_workers)
         cfg = read_config(model_path(None))
-        from ..messages import ModelInfo
+        from .messages import ModelInfo
         info = ModelInfo("llada", cfg["vocab_size"], cfg["embedding_size"], cfg["mask_token_id"],
                          cfg["eos_token_id"], cfg["max_sequence_length"], cfg["d_model"], cfg["n_layers"],
                          cfg["n_heads"], cfg["n_kv_heads"], cfg["d_model"] // cfg["n_heads"], cfg["mlp_hidden_size"])

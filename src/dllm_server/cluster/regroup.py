@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..messages import ContinueBlock, Evict
-from .scheduler import retry_waiting
+from ..scheduler.scheduler import retry_waiting
 
 
 def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
@@ -132,11 +132,11 @@ def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]
 
 
 def plan_layout(current: Layout, degrees: Sequence[int], requests, gpus_per_node: int) -> Layout:
-    """Stage 2 (policy/transition.py): which devices form the instances of these degrees, keeping
+    """Stage 2 (cluster/transition.py): which devices form the instances of these degrees, keeping
     the current instances worth most (their devices plus the scheduler's `requests` seated in each
     slot, beta-weighted) in aligned slots inside nodes of `gpus_per_node`. Falls back to the
     degrees packed in order (largest first) when the layout does not split into such nodes."""
-    from ..policy.transition import plan_transition, slot_of
+    from .transition import plan_transition, slot_of
     n = current.num_devices
     counts = Counter(degrees)
     active = Counter(e.worker for e in requests if e.worker is not None)

@@ -27,7 +27,7 @@ class WorkerInfo:
     tp_size: int = 1                     # processes (tensor-parallel ranks) of this instance
     rank_rss_mb: tuple[float, ...] = ()  # their resident memory after loading
     planned: bool = False                # held by a planned regroup (draining, stopping or starting): no routing
-    retired: bool = False                # not part of the current layout (engine/reconfig.py)
+    retired: bool = False                # not part of the current layout (cluster/regroup.py)
 
     @property
     def available(self) -> bool:

@@ -2,7 +2,7 @@
 loop, started by a long-running `run` call whose end is the front's sign of the actor's death.
 
 Ray only places and starts the process; every per-iteration message goes over the socket
-transport (channel.py: a Ray call costs ~0.7-1.3 ms against ~0.13 ms for a socket here), and KV
+transport (executor/channel.py: a Ray call costs ~0.7-1.3 ms against ~0.13 ms for a socket here), and KV
 and tensor-parallel traffic over torch.distributed, at an address of rank 0's node.
 """
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import socket
 
-from ..channel import SocketEnds
+from .channel import SocketEnds
 from ..config import WorkerConfig
 from ..messages import WorkerSpec
-from .main import worker_main
+from .worker_main import worker_main
 
 
 class WorkerActor:
-    """Wrapped by ray.remote at launch (engine/launchers.py), so this module needs no Ray."""
+    """Wrapped by ray.remote at launch (executor/launchers.py), so this module needs no Ray."""
 
     def where(self) -> tuple[str, int, int]:
         """(this node's IP as Ray sees it, a free TCP port on it, the process id): a

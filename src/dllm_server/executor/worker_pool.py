@@ -1,5 +1,5 @@
-"""Worker processes: start (through a launch backend, engine/launchers.py: local subprocesses or
-Ray actors), one channel per worker (channel.py: pipes or a socket), a reader thread per channel
+"""Worker processes: start (through a launch backend, executor/launchers.py: local subprocesses or
+Ray actors), one channel per worker (executor/channel.py: pipes or a socket), a reader thread per channel
 feeding the asyncio loop, liveness by process state (and by the launcher's own sign of a death,
 independently of the channel), restart and join. Holds no policy: deaths and messages are handed
 to callbacks on the loop.
@@ -10,7 +10,7 @@ a torch.distributed world of their own, so restarting one instance touches no ot
 death is its instance's: the others are killed at once (they would wait in a collective), and
 the death is reported once, for the worker id.
 
-With engine/launchers.py this is the front process's seam to the worker side: the only engine/ or
+With executor/launchers.py this is the front process's seam to the worker side: the only engine/ or
 api/ modules that import from worker/ (the entries they start). Everything else crosses as
 messages."""
 from __future__ import annotations
@@ -84,7 +84,7 @@ class WorkerPool:
 
     def start_instance(self, wid: int) -> None:
         """A regroup's new instance in slot `wid`, on the devices the engine set for it in
-        `devices[wid]` (its degree is their number; colocated placement; engine/reconfig.py)."""
+        `devices[wid]` (its degree is their number; colocated placement; cluster/regroup.py)."""
         self._start(wid, ("127.0.0.1", 0), [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))])
 
     def retire(self, wid: int, timeout_s: float = 30.0) -> None:

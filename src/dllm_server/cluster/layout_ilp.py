@@ -2,11 +2,11 @@
 how many instances of each tensor-parallel degree the devices should form for the forecast rate
 (a small MILP), the value of the layout running now (the same problem with its instance counts
 fixed), the hysteresis that decides whether regrouping is worth it, and the conservative rate
-forecast it plans for. Stage 2 (which GPUs form which instance) is policy/transition.py
+forecast it plans for. Stage 2 (which GPUs form which instance) is cluster/transition.py
 (re-exported here). Pure functions over plain data; scipy (HiGHS through `scipy.optimize.milp`)
 is imported only when a plan is solved.
 
-Stage 1, with P = degrees x thresholds and C[d, j] from policy/capacity_table.py:
+Stage 1, with P = degrees x thresholds and C[d, j] from cluster/capacity_table.py:
 
     vars  n[d,j] in Z>=0   instances of degree d planned at threshold tau_j
           x[d,j] >= 0      req/s they serve;  u >= 0 req/s left unserved

@@ -4,12 +4,12 @@ deaths, restarts); a launcher only creates processes and says when one has ended
 
 - `MpLauncher` (default): local subprocesses (torch.multiprocessing, spawn), the pipe channel,
   liveness from the process sentinels, rendezvous on 127.0.0.1.
-- `RayLauncher`: Ray actors (worker/ray_actor.py) in placement groups on a running Ray cluster,
-  maybe on other nodes: the socket channel (channel.py), liveness from each actor's long-running
+- `RayLauncher`: Ray actors (executor/ray_actor.py) in placement groups on a running Ray cluster,
+  maybe on other nodes: the socket channel (executor/channel.py), liveness from each actor's long-running
   `run` call, rendezvous at the IP of the rank-0 actor's node. Ray places and starts processes;
   no per-iteration message goes through a Ray call.
 
-This module and engine/worker_pool.py are the front's seams to worker/ (the entries they start).
+This module and executor/worker_pool.py are the front's seams to worker/ (the entries they start).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
-from ..channel import Outbox, SocketHub
-from ..launch import free_port
-from ..worker.main import worker_main
+from .channel import Outbox, SocketHub
+from ..server_process import free_port
+from .worker_main import worker_main
 
 log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120.0
@@ -166,7 +166,7 @@ class RayLauncher:
             self.close()
             raise RuntimeError(f"ray: the placement groups ({len(groups)} x {bundle}) were not placed within "
                                f"{PLACEMENT_TIMEOUT_S:.0f} s; see `ray status` for the cluster's free resources") from None
-        from ..worker.ray_actor import WorkerActor
+        from .ray_actor import WorkerActor
         self.actor_cls = ray.remote(WorkerActor)
         self.num_threads, self.use_gpu = num_threads, use_gpu
 

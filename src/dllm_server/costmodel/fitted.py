@@ -8,9 +8,9 @@ prefill tokens and their squares, decode tokens and the keys they attend to):
 - `kv_bytes(tokens)`, `kv_transfer_s(num_bytes)`: a handoff's size and its time on the link.
 `describe()` lists every constant with where it came from, to print next to simulated numbers.
 
-`FittedCost` is this machine's: the regression of policy/step_time.py (the same features the
+`FittedCost` is this machine's: the regression of costmodel/step_time.py (the same features the
 engine's own step-time model uses) fitted to a real engine's iteration reports by the
-calibration command (sim/calibrate.py). GPU models are in sim/gpu_cost.py.
+calibration command (sim/calibrate.py). GPU models are in costmodel/gpu.py.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..policy.step_time import CACHE_COLUMNS, RECOMPUTE_COLUMNS, features, fit
+from .step_time import CACHE_COLUMNS, RECOMPUTE_COLUMNS, features, fit
 
 
 class CostModel(Protocol):
@@ -47,7 +47,7 @@ def iteration_features(it) -> np.ndarray:
 
 def trimmed_fit(x: np.ndarray, y: np.ndarray, rounds: int = 3, k: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
     """step_time.fit without the samples far ABOVE the fit (more than k robust sigmas): a worker's
-    reported turn time includes any wait for the inbox that opened the turn (worker/main.py starts
+    reported turn time includes any wait for the inbox that opened the turn (executor/worker_main.py starts
     the turn's clock before it blocks on an idle inbox), which is no work. Returns (coef, kept)."""
     keep = np.ones(len(y), dtype=bool)
     coef = fit(x, y)
@@ -67,7 +67,7 @@ def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) 
     iterations. Returns per kind ("cache": decode-only, "recompute": with a full-canvas forward) the
     coefficients of turn and forward time over step_time's columns, the sample count, how many turn
     samples were left out as waits, and the turn fit's mean absolute relative error on the rest.
-    As in policy/step_time.py, a recompute iteration's decodes cost what the cache fit says and only
+    As in costmodel/step_time.py, a recompute iteration's decodes cost what the cache fit says and only
     its prefill terms are fitted to it (its decode and prefill columns are nearly collinear)."""
     out = {}
     n = len(CACHE_COLUMNS)

@@ -1,5 +1,5 @@
 """Stage 2 of DiLaServe's cluster planner (shared/reference/cluster_level.md 4.3): given the
-instance counts per tensor-parallel degree that stage 1 (policy/planner.py) chose, which GPUs form
+instance counts per tensor-parallel degree that stage 1 (cluster/layout_ilp.py) chose, which GPUs form
 which instance, disturbing the instances running now as little as possible. Pure; scipy
 (`scipy.optimize.milp`, HiGHS) is imported only when a transition is solved.
 

@@ -17,8 +17,8 @@ from typing import Callable, Union
 from ..decoding.params import BlockPolicy
 from ..messages import Abort, HandoffDone, HandoffKV, KVSent, PrefillDone, ReceiveKV
 from .placement import pick_decode_worker
-from .stats import Counters
-from .workers import WorkerTable
+from .counters import Counters
+from .worker_table import WorkerTable
 
 
 @dataclass(slots=True)

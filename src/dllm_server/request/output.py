@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..messages import BlockDone, RequestFailed, StepDelta
-from .request_state import GenerationOutput, RequestState
-from .requests import StreamEvent
+from .state import GenerationOutput, RequestState
+from .events import StreamEvent
 from .tokenize import Tokenizer
 
 

@@ -2,7 +2,7 @@
 that never returns, a wedged device), so the engine can treat it like a dead one.
 
 A worker reports after every loop turn that handled a message or did work, and at least once a
-second while it has work (worker/main.py), so a report is owed while messages sent to it are
+second while it has work (executor/worker_main.py), so a report is owed while messages sent to it are
 unhandled or its last report said work remains. Pure bookkeeping fed by the engine with what
 it sent and received and the time; it kills nothing itself."""
 from __future__ import annotations

@@ -43,7 +43,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .step_time import StepTimeModel, features
+from ..costmodel.step_time import StepTimeModel, features
 
 IterationTime = Callable[[int, int, float, float, float], float]   # (d, rows, keys, prefill_tokens, prefill_sq) -> s
 
@@ -142,7 +142,7 @@ class _Fed:
 
 
 def from_roofline(cost_by_degree: Mapping[int, object]) -> IterationTime:
-    """iteration_s from cost models per degree (sim/gpu_cost.py: gpu_cost(model, device, tp=d)):
+    """iteration_s from cost models per degree (costmodel/gpu.py: gpu_cost(model, device, tp=d)):
     the whole turn (forward plus host work), each decode row feeding the cost's block."""
     def iteration_s(degree: int, decode_rows: int, decode_keys: float, prefill_tokens: float,
                     prefill_sq: float) -> float:
