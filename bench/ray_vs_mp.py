@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")    # loopback only (tests/engine/test_ray.py)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")    # loopback only (tests/executor/test_ray.py)
 
 import torch  # noqa: E402
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_server.config import ServerConfig
 from dllm_server.model.tiny import make_tiny_model
 
 # Two cores: one torch thread per process keeps parallel processes from fighting.
@@ -28,3 +29,8 @@ def tiny_sdar(tmp_path_factory) -> str:
 @pytest.fixture(scope="session", params=["llada", "dream"])
 def tiny_model(request, tiny_llada, tiny_dream) -> str:
     return tiny_llada if request.param == "llada" else tiny_dream
+
+
+@pytest.fixture
+def engine_config(tiny_llada):
+    return ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1)

@@ -2,7 +2,7 @@
 
 Plain data: frozen, slotted dataclasses of primitives, int tuples, CPU tensors and the small
 frozen records of config.py and decoding/params.py, so they pickle across torch.multiprocessing
-queues (tests/unit/test_messages.py round-trips every one). Workers report deltas (what one step
+queues (tests/test_messages.py round-trips every one). Workers report deltas (what one step
 committed), never whole sequences; the only whole-canvas payload is a SubmitBlock, sent when a
 block starts on a worker that does not hold the request's canvas.
 """

@@ -9,7 +9,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from reliability.tools import children, worker_pids
+from tests.reliability.tools import children, worker_pids
 
 from .conftest import start_server
 
@@ -77,7 +77,7 @@ def test_metrics_parse_and_count(server):
 
 def test_version_and_metrics_report_each_workers_batch_invariance_check(server):
     """The start-up self-check (worker/determinism.py) reaches /version and /metrics, whatever
-    its verdict on this CPU; the demo of a verdict of each kind is tests/unit/test_determinism.py."""
+    its verdict on this CPU; the demo of a verdict of each kind is tests/worker/test_determinism.py."""
     v = httpx.get(server.url + "/version", timeout=10).json()
     check = v["batch_invariance"]["0"]
     assert isinstance(check["holds"], bool) and check["fixed_matmul_rows"] == 0

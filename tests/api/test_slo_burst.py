@@ -58,7 +58,7 @@ def test_a_burst_meets_at_least_as_many_slos_as_fixed_0_9(tmp_path):
     n = sum(len(policy) for _, _, policy in rounds)
     assert met_policy >= met_fixed - 0.05 * n, (met_fixed, met_policy, n)
     # Above the default only for a request alone on its worker with slack to spare: in a burst at
-    # most the one that found the server idle (the rule itself: tests/unit/test_slo_policy.py)
+    # most the one that found the server idle (the rule itself: tests/policy/test_slo_policy.py)
     raised = [o for _, _, policy in rounds for o in policy if max(o["thresholds"]) > 0.9]
     assert len(raised) <= ROUNDS, [(o["thresholds"], o["latency_s"]) for o in raised]
 

@@ -14,9 +14,9 @@ from dllm_server import LLM, SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.decoding.canvas import num_blocks
 
-from model import sdar_reference as ref   # tests/model (pytest puts tests/ on the path)
+from tests.model import sdar_reference as ref
 
-from .conftest import running
+from tests.live import running
 
 pytest.importorskip("transformers")
 B = 4                                   # the tiny checkpoint's block_size

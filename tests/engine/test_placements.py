@@ -6,7 +6,7 @@ import pytest
 
 from dllm_server import LLM, SamplingParams
 
-from .conftest import running
+from tests.live import running
 
 
 def mixed_requests(n=32):

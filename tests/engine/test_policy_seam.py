@@ -7,7 +7,7 @@ from dllm_server import LLM, SamplingParams
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.policy.base import FixedPolicy, ThresholdSchedule
 
-from .conftest import running
+from tests.live import running
 
 
 def _requests(n=8):

@@ -10,7 +10,7 @@ import pytest
 from dllm_server import SamplingParams
 from dllm_server.engine.async_engine import EngineDead
 
-from .conftest import kill_fails_fast, recovers, running, slow_requests
+from tests.live import kill_fails_fast, recovers, running, slow_requests
 
 
 async def _quiesce(engine, timeout_s=20):

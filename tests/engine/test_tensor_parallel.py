@@ -11,7 +11,7 @@ from dllm_server import LLM
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 
-from .conftest import kill_fails_fast, recovers, running, slow_requests
+from tests.live import kill_fails_fast, recovers, running, slow_requests
 from .test_placements import mixed_requests
 
 

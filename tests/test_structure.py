@@ -4,7 +4,7 @@ lines, and the checker itself sees a violation when there is one."""
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_imports.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_imports.py"
 
 
 def _checker():

@@ -1,17 +1,10 @@
-"""Real worker processes over torch.multiprocessing queues; gloo for KV transfer."""
+"""Helpers for tests of a live AsyncEngine: real worker processes over their channels, gloo for KV."""
 from __future__ import annotations
 
 import contextlib
 
-import pytest
-
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-
-
-@pytest.fixture
-def engine_config(tiny_llada):
-    return ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1)
 
 
 @contextlib.asynccontextmanager

@@ -19,8 +19,8 @@ from dllm_server import LLM  # noqa: E402
 from dllm_server.config import ServerConfig  # noqa: E402
 from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
 
-from .conftest import kill_fails_fast, recovers, slow_requests  # noqa: E402
-from .test_placements import mixed_requests  # noqa: E402
+from tests.live import kill_fails_fast, recovers, slow_requests  # noqa: E402
+from tests.engine.test_placements import mixed_requests  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 NAMESPACE = "dllm-server-test"

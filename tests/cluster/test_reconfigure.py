@@ -15,7 +15,7 @@ from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.cluster.regroup import Layout, changes
 
-from .conftest import running
+from tests.live import running
 
 
 def stream(n: int, seed: int = 5):

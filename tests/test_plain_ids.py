@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from dllm_server.checkpoint import model_path, plain_id_offset_of
 from dllm_server.checkpoint import plain_id_offset
 
-DEMO_V1 = Path(__file__).resolve().parents[2] / "training" / "demo-v1"
+DEMO_V1 = Path(__file__).resolve().parents[1] / "training" / "demo-v1"
 
 
 def test_offset_is_zero_when_specials_sit_above_the_bytes():

@@ -9,7 +9,7 @@ from dllm_server import SamplingParams
 from dllm_server.engine.async_engine import EngineDead
 from dllm_server.request.events import STREAM_PROGRESS
 
-from .conftest import running
+from tests.live import running
 
 
 @pytest.mark.parametrize("restart", [True, False])
