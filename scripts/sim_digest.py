@@ -21,7 +21,13 @@ try:     # the layout after issue 39's redesign
     from dllm_server.costmodel.gpu import MODELS, gpu_cost
 except ImportError:     # the layout before it (63b3c91's tree)
     from dllm_server.sim.gpu_cost import MODELS, gpu_cost
-from dllm_server.sim.regroup import Reconfigurer
+try:
+    from dllm_server.sim.regroup import reconfigurer
+except ImportError:
+    from dllm_server.sim.regroup import Reconfigurer
+
+    def reconfigurer(sim, cost_for, restart_s, heads):
+        return Reconfigurer(sim, cost_for, restart_s, heads)
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, ParametricBehaviour, positions_per_forward
 from dllm_server.sim.cluster import Simulator
 from dllm_server.sim.instances import unloaded_latency_s, with_slos
@@ -74,7 +80,7 @@ def main() -> None:
                             logit_shift=shape.logit_shift)
         else:
             sim = layout_simulator(degrees, cost.__getitem__, config, MODEL, 0)
-        rc = Reconfigurer(sim, cost.__getitem__, 10.0, (MODELS[MODEL].heads, MODELS[MODEL].kv_heads)) \
+        rc = reconfigurer(sim, cost.__getitem__, 10.0, (MODELS[MODEL].heads, MODELS[MODEL].kv_heads)) \
             if reconf else None
         res = sim.run(reqs if degrees else reqs[:150])
         h, n = digest(res, rc)

@@ -1,33 +1,49 @@
-"""Offline engine API, like vLLM's `LLM`: in-process continuous batching over one WorkerCore.
+"""Offline engine API, like vLLM's `LLM`: the server's Scheduler and one in-process WorkerCore.
 
     from dllm_server import LLM, SamplingParams
     llm = LLM(model="path/to/checkpoint")
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=64))
 
-Re-implements no decoding or admission: it feeds SubmitBlocks to the same core a worker process
-runs (built by the same worker/build.py), advances requests with the same RequestState and
-engine/output.advance the server uses, and asks the same per-block decode policy. With one core
-the router always keeps a request where it is, so every block continues in place.
+The Scheduler routes, leases and finishes requests as in the server; the core takes its turns
+through worker/turn.py as a worker process does. Only the transport differs: a list in place of
+a pipe, so offline and served answers agree by construction.
 """
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any, Sequence
 
 import torch
 
 from .checkpoint import architecture_of, model_path, read_config, request_defaults
 from .config import ServerConfig
-from .decoding.params import BlockPolicy, SamplingParams, request_seed
+from .costmodel.worker_speed import WorkerLoadModel
+from .decoding.params import SamplingParams, request_seed
 from .devices import resolve_device
-from .request.inputs import check_request, prompt_ids
-from .request.output import advance
+from .messages import WorkerReady
 from .policy import make_policy
 from .policy.base import DecodePolicy
+from .request.events import STREAM_NONE
+from .request.inputs import check_request, prompt_ids
 from .request.state import GenerationOutput, RequestState
 from .request.tokenize import Tokenizer, stop_token_ids
-from .messages import Abort, ContinueBlock
-from .worker.build import build_core
+from .scheduler.request_table import Entry
+from .scheduler.scheduler import Scheduler
+from .worker.build import build_core, startup_profile
+from .worker.turn import take_turn
+
+
+class _Collect:
+    """A request's event sink offline: only its final output is kept."""
+    __slots__ = ("done", "request_id")
+
+    def __init__(self, done: dict, request_id: str):
+        self.done, self.request_id = done, request_id
+
+    def put_nowait(self, event) -> None:
+        if event.output is not None:
+            self.done[self.request_id] = event.output
 
 
 class LLM:
@@ -45,7 +61,17 @@ class LLM:
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
-        self.policy = policy or make_policy(self.config, self.path)
+        load = WorkerLoadModel(self.config.block_length)       # shared by the policy and the router, as served
+        self.policy = policy or make_policy(self.config.replace(placement="colocated", num_workers=1), self.path,
+                                            load)
+        self.scheduler = Scheduler(self.config.replace(placement="colocated", num_workers=1), ["colocated"],
+                                   self.tokenizer, self._send, self.policy, load=load)
+        self._inbox: list = []
+        self._iterations = 0
+        ready = WorkerReady(0, self.core.pool.num_pages, self.core.pool.page_size, self.model_info,
+                            startup_profile(self.core, self.model_info))
+        self.scheduler.on_messages(0, [ready])
+        self.scheduler.tick()
         self._arrivals = itertools.count()
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -64,42 +90,59 @@ class LLM:
         pairs = [(None, self.tokenizer.apply_chat_template(list(c))) for c in conversations]
         return self._run(pairs, sampling_params, use_tqdm)
 
-    # ---- the in-process loop ----
-    def _run(self, pairs, sampling_params, use_tqdm: bool) -> list[GenerationOutput]:
-        params_list = self._params_list(sampling_params, len(pairs))
-        states: dict[str, RequestState] = {}
-        order = []
-        decode = self.tokenizer.decode if self.tokenizer is not None else None
-        for (text, ids), params in zip(pairs, params_list):   # validate everything before running
-            seq = next(self._arrivals)
-            resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq), self.model_info.block_size)
-            check_request(ids, params, resolved, self.model_info)
-            rid = f"offline-{seq}"
-            states[rid] = RequestState(rid, text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,
-                                       decode)
-            order.append(rid)
-        done: dict[str, GenerationOutput] = {}
-        for rid in order:
-            self._submit(states[rid], states, done)
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-            bar = tqdm(total=len(order), desc="generate", unit="req")
-        while len(done) < len(order):
-            if not self.core.has_work:
-                raise RuntimeError("engine stalled with unfinished requests")   # a bug, never expected
-            for msg in self.core.step():
-                self._handle(msg, states, done)
-            if bar is not None:
-                bar.update(len(done) - bar.n)
-        if bar is not None:
-            bar.close()
-        return [done[rid] for rid in order]
-
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's rule): what a
         call without sampling_params uses."""
         return SamplingParams(**self.sampling_defaults)
+
+    # ---- the in-process loop ----
+    def _send(self, worker_id: int, msg) -> None:
+        self._inbox.append(msg)
+
+    def _turn(self) -> None:
+        """One turn of the core (worker/turn.py), its messages back to the scheduler."""
+        msgs, self._inbox = self._inbox, []
+        t0 = time.perf_counter()
+        out, self._iterations = take_turn(self.core, msgs, 0, self._iterations, lambda _: time.perf_counter() - t0)
+        if out:
+            self.scheduler.on_messages(0, out)
+        self.scheduler.tick()
+
+    def _run(self, pairs, sampling_params, use_tqdm: bool) -> list[GenerationOutput]:
+        params_list = self._params_list(sampling_params, len(pairs))
+        states = [self._state(text, ids, params) for (text, ids), params in zip(pairs, params_list)]
+        done: dict[str, GenerationOutput] = {}
+        for st in states:
+            self.scheduler.add(Entry(st, _Collect(done, st.request_id), STREAM_NONE, time.monotonic()))
+        self.scheduler.tick()
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(states), desc="generate", unit="req")
+        while len(done) < len(states) or self._inbox:
+            if not self._inbox and not self.core.has_work:
+                raise RuntimeError("engine stalled with unfinished requests")   # a bug, never expected
+            self._turn()
+            if bar is not None:
+                bar.update(len(done) - bar.n)
+        if bar is not None:
+            bar.close()
+        return [done[st.request_id] for st in states]
+
+    def _state(self, text: str | None, ids: list[int], params: SamplingParams) -> RequestState:
+        """A validated request (ValueError names the field), as the server builds it."""
+        seq = next(self._arrivals)
+        resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq),
+                                  self.model_info.block_size)
+        check_request(ids, params, resolved, self.model_info)
+        st = RequestState(f"offline-{seq}", text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,
+                          self.tokenizer.decode if self.tokenizer is not None else None)
+        workers = self.scheduler.workers
+        if workers.pages_for(st.prompt_len + st.answer_len) > workers.min_capacity_pages():
+            raise ValueError(f"max_tokens: a canvas of {st.prompt_len + st.answer_len} tokens needs "
+                             f"{workers.pages_for(st.prompt_len + st.answer_len)} KV pages; the worker holds "
+                             f"{workers.min_capacity_pages()}")
+        return st
 
     def _params_list(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:
@@ -110,28 +153,3 @@ class LLM:
         if len(sampling_params) != n:
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {n} prompts")
         return sampling_params
-
-    def _lease(self, st: RequestState) -> BlockPolicy | None:
-        nxt = st.block_index + 1
-        return self.policy.block_policy(st, nxt) if nxt < st.num_blocks else None
-
-    def _submit(self, st: RequestState, states: dict[str, RequestState], done: dict) -> None:
-        block = st.submit_msg(self.policy.block_policy(st, st.block_index), self._lease(st))
-        for msg in self.core.submit(block):
-            self._handle(msg, states, done)
-
-    def _handle(self, msg, states: dict[str, RequestState], done: dict) -> None:
-        st = states.get(msg.request_id)
-        if st is None or msg.request_id in done:
-            return
-        outcome = advance(st, msg)
-        if outcome.abort_worker:
-            self.core.abort(Abort(st.request_id))
-        if outcome.output is not None:
-            done[st.request_id] = outcome.output
-        elif outcome.continued:
-            then = self._lease(st)
-            if then is not None:
-                self.core.continue_block(ContinueBlock(st.request_id, st.block_index, then))
-        elif outcome.next_block:
-            self._submit(st, states, done)

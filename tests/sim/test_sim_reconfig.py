@@ -9,7 +9,7 @@ from dllm_server.config import ServerConfig
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, SimRequest, positions_per_forward
 from dllm_server.costmodel.gpu import MODELS, gpu_cost
 from dllm_server.sim.instances import unloaded_latency_s, with_slos
-from dllm_server.sim.regroup import Reconfigurer, layout_simulator
+from dllm_server.sim.regroup import layout_simulator, reconfigurer
 
 LLADA = MODELS["llada-8b"]
 COSTS: dict = {}
@@ -41,7 +41,7 @@ def run(requests, start):
                           quality_floor=0.7, load_control=True, routing="completion", token_budget=1024,
                           max_waiting_requests=1 << 20, reconfigure_period_s=10.0)
     sim = layout_simulator(start, cost_for, config)
-    rc = Reconfigurer(sim, cost_for, 2.0, (LLADA.heads, LLADA.kv_heads), gpus_per_node=4)
+    rc = reconfigurer(sim, cost_for, 2.0, (LLADA.heads, LLADA.kv_heads), gpus_per_node=4)
     return sim.run(requests), rc
 
 

@@ -1,30 +1,27 @@
-"""Live regrouping of model instances (DiLaServe's reconfiguration), the front's side: which
-instances change, and draining them without losing a request.
+"""Live regrouping of model instances (DiLaServe's reconfiguration), and the one driver of it that
+the server (wall clock, processes) and the simulator (virtual clock, simulated workers) both run.
 
-Requests move between instances only at recompute steps: a block's full-canvas forward (its
-re-prefill) can run anywhere from the front's own copy of the canvas, so no KV ever moves. A drain:
-1. the instance leaves routing (`planned`: no new blocks, no new leases there);
-2. its leases are withdrawn (ContinueBlock(then=None)), so no request continues there by itself;
-3. its blocks that have not started are taken back (Evict -> Evicted(removed)) and re-dispatched
-   to the other instances (or wait in the pending queue when none serves);
-4. its running blocks finish their block and come back to the router like any block without a
-   lease. Drained when no request's block is there any more: about one block's forwards.
-Then the processes stop and the new layout's instances start in their devices; each enters
-routing when it reports ready, with a fresh step-time model. This module decides and returns
-messages; the scheduler and the engine send them. `Regroup` is one regroup's progress, front-side
-and clock-free: the engine (`run_regroup`, wall clock, processes) and the simulator
-(sim/regroup.py, virtual clock, simulated workers) drive the same one. An instance's devices go
-to a new one as soon as every instance they belonged to has drained; each new instance starts
-when all of its devices are free.
+Requests move between instances only at recompute steps: a block's full-canvas forward can run
+anywhere from the front's copy of the canvas, so no KV moves. A drain takes the instance out of
+routing, withdraws its leases, takes back its blocks that have not started (Evict) and lets the
+running ones finish their block; then its processes stop and the new instances start in its
+devices, each routed to once it reports ready.
 """
 from __future__ import annotations
 
-from collections import Counter
+import itertools
+import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..messages import ContinueBlock, Evict
-from ..scheduler.scheduler import retry_waiting
+from .layout import Layout, changes, plan_layout, plan_waves
+from .planner import PlannerState, decide
+
+if TYPE_CHECKING:
+    from ..scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
@@ -46,109 +43,6 @@ def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
 def is_drained(wid: int, requests) -> bool:
     """No request's current block lives on the instance any more."""
     return all(e.worker != wid for e in requests)
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """A layout: the devices (indices into the engine's device list) of every instance slot, in
-    worker-id order; an empty tuple is a slot with no instance."""
-    instances: tuple[tuple[int, ...], ...]
-
-    @classmethod
-    def of_degrees(cls, degrees: list[int]) -> "Layout":
-        """Instances of these degrees over the devices in order (aligned: a degree-d instance
-        starts at a multiple of d when the degrees are sorted largest first)."""
-        out, at = [], 0
-        for d in degrees:
-            out.append(tuple(range(at, at + d)))
-            at += d
-        return cls(tuple(out))
-
-    @property
-    def num_devices(self) -> int:
-        return sum(len(i) for i in self.instances)
-
-    def degrees(self) -> list[int]:
-        return [len(i) for i in self.instances if i]
-
-
-def changes(current: Layout, target: Layout) -> tuple[set[int], dict[int, tuple[int, ...]]]:
-    """(slots whose instance stops, slot -> devices of each instance that starts). A slot keeps
-    its instance when its devices are the same; the target's other instances go to the slots
-    freed (or new ones), in order."""
-    keep = {w for w, devs in enumerate(current.instances) if devs and devs in target.instances}
-    stop = {w for w, devs in enumerate(current.instances) if devs and w not in keep}
-    kept_devices = {current.instances[w] for w in keep}
-    new = [devs for devs in target.instances if devs and devs not in kept_devices]
-    free = sorted(w for w, devs in enumerate(current.instances) if w not in keep)
-    slots = free + list(range(len(current.instances), len(current.instances) + len(new)))
-    return stop, dict(zip(slots, new))
-
-
-def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]],
-               max_devices: int | None = None) -> list[tuple[set[int], dict[int, tuple[int, ...]]]]:
-    """A regroup in waves: [(slots that stop, slot -> devices of each instance that starts)], each
-    wave out of service while the previous ones' new instances serve. The unit is a group: a new
-    instance with every old one it takes devices from, transitively (they cannot move apart);
-    groups go in device order into waves of at most `max_devices` devices (None: one wave; a
-    group larger than that is a wave of its own). Each wave's new instances take its own stopped
-    slots first, then slots that had no instance, then slots past the layout, in order, so no
-    new instance waits for a slot a later wave frees. One wave gives `changes`' slots."""
-    owner = {g: w for w in stop for g in current.instances[w]}
-    groups: list[tuple[set[int], list[tuple[int, ...]]]] = []
-    for devs in (start[w] for w in sorted(start)):
-        olds = {owner[g] for g in devs if g in owner}
-        hit = [g for g in groups if g[0] & olds]
-        merged = (olds.union(*(g[0] for g in hit)), [n for g in hit for n in g[1]] + [devs])
-        groups = [g for g in groups if g not in hit] + [merged]
-    covered = set().union(*(g[0] for g in groups)) if groups else set()
-    groups += [({w}, []) for w in sorted(stop - covered)]
-
-    def devices(g) -> set[int]:
-        return {d for w in g[0] for d in current.instances[w]} | {d for n in g[1] for d in n}
-    groups.sort(key=lambda g: min(devices(g), default=0))
-    cap = max_devices if max_devices is not None else current.num_devices + sum(map(len, start.values()))
-    waves: list[tuple[set[int], list]] = []
-    size = 0
-    for g in groups:
-        n = len(devices(g))
-        if not waves or size + n > cap:
-            waves.append((set(), []))
-            size = 0
-        waves[-1][0].update(g[0])
-        waves[-1][1].extend(g[1])
-        size += n
-    free = [w for w, devs in enumerate(current.instances) if not devs]       # slots with no instance
-    fresh, rank = len(current.instances), {start[w]: k for k, w in enumerate(sorted(start))}
-    out = []
-    for olds, news in waves:
-        pool = sorted(set(free) | olds)
-        while len(pool) < len(news):
-            pool.append(fresh)
-            fresh += 1
-        out.append((olds, dict(zip(pool, sorted(news, key=rank.get)))))
-        free = pool[len(news):]
-    return out
-
-
-def plan_layout(current: Layout, degrees: Sequence[int], requests, gpus_per_node: int) -> Layout:
-    """Stage 2 (cluster/transition.py): which devices form the instances of these degrees, keeping
-    the current instances worth most (their devices plus the scheduler's `requests` seated in each
-    slot, beta-weighted) in aligned slots inside nodes of `gpus_per_node`. Falls back to the
-    degrees packed in order (largest first) when the layout does not split into such nodes."""
-    from .transition import plan_transition, slot_of
-    n = current.num_devices
-    counts = Counter(degrees)
-    active = Counter(e.worker for e in requests if e.worker is not None)
-    try:
-        if n % gpus_per_node:
-            raise ValueError(f"{n} devices are not nodes of {gpus_per_node}")
-        slots = [(w, slot_of(devs, gpus_per_node)) for w, devs in enumerate(current.instances) if devs]
-        t = plan_transition([s for _, s in slots], counts, gpus_per_node, n // gpus_per_node,
-                            active=[active.get(w, 0) for w, _ in slots])
-    except ValueError:
-        return Layout.of_degrees(sorted(degrees, reverse=True))
-    return Layout(tuple(s.devices(gpus_per_node) for s in t.layout))
 
 
 @dataclass
@@ -251,7 +145,7 @@ class Regroup:
                 return self.start[w]
             return old[w] if w < len(old) and w not in self.stop else ()
         layout = Layout(tuple(devices(w) for w in range(slots)))
-        retry_waiting(sched)
+        sched.retry_waiting()
         drain_s = {w: t - self.wave_began_at[self.wave_of(w)] for w, t in sorted(self.drained_at.items())}
         sched.counters.reconfigurations += 1
         sched.counters.drain_seconds += sum(drain_s.values())
@@ -261,40 +155,136 @@ class Regroup:
                         "waves": len(self.waves)}
 
 
-async def run_regroup(engine, target: Layout, timeout_s: float) -> dict:
-    """Move `engine` (an AsyncEngine, mp backend, colocated) from its layout to `target` while it
-    serves: drain the instances that change, stop each once drained, start each new one once its
-    devices are free, each serving once it is ready. Returns what happened, with the time each
-    drain and the whole regroup took."""
-    import asyncio
-    import time
-    sched, pool, loop = engine.scheduler, engine.pool, asyncio.get_running_loop()
-    rg, msgs = Regroup.begin(sched, engine.layout, target, time.monotonic(), engine.config.reconfigure_wave_share)
-    for w, msg in msgs:
-        engine._send(w, msg)
-    deadline = rg.started_at + timeout_s
-    while len(rg.launched_at) < len(rg.start) or len(rg.retired_at) < len(rg.stop):
-        for w in rg.poll_drained(sched, time.monotonic()):
-            await loop.run_in_executor(None, pool.retire, w)
-            rg.retired(sched, w, time.monotonic())
-            engine.watchdog.reset(w)
-        for w in rg.launchable():
-            while len(engine.roles) <= w:              # more instances than slots so far
-                engine.roles.append("colocated")
-                engine.devices.append(())
-            engine.devices[w] = tuple(engine.device_list[i] for i in rg.start[w])
-            rg.launching(sched, w, time.monotonic())
-            engine.watchdog.reset(w)
-            pool.start_instance(w)
-        for w, msg in rg.next_wave(sched, time.monotonic()):
-            engine._send(w, msg)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reconfigure: instances {sorted(rg.stop - set(rg.drained_at))} not drained in "
-                               f"{timeout_s:g} s")
-        await asyncio.sleep(0.01)
-    while not rg.all_ready(sched):
-        if time.monotonic() > deadline + 120:
-            raise TimeoutError(f"reconfigure: new instances {sorted(rg.start)} not ready")
-        await asyncio.sleep(0.02)
-    engine.layout, result = rg.finish(sched, time.monotonic())
-    return result
+class Actuator(Protocol):
+    """How a driver stops and starts instances: the server's processes or the simulator's workers."""
+
+    def stop(self, slot: int) -> None:
+        """Stop the drained instance in `slot`; call Reconfigurer.stopped(slot) once it has."""
+
+    def start(self, slot: int, devices: tuple[int, ...]) -> None:
+        """Start a new instance on these devices in `slot`; it reports WorkerReady when it serves."""
+
+
+@dataclass
+class RegroupRecord:
+    """One regroup, as it ran (seconds of the driver's clock)."""
+    began_s: float
+    source: list[int]                 # degrees before
+    target: list[int]                 # degrees after
+    why: str
+    drain_s: dict[int, float] = field(default_factory=dict)       # slot -> its drain's length
+    done_s: float | None = None
+    drain_gpu_s: float = 0.0          # devices held by draining instances (serving only their last blocks)
+    idle_gpu_s: float = 0.0           # devices between a drain's end and their new instance's ready
+    blocks_evicted: int = 0
+    waves: int = 1
+    peak_out_devices: int = 0         # the most devices serving nothing at one time
+    result: dict = field(default_factory=dict)
+
+
+class Reconfigurer:
+    """Runs a Scheduler's regroups: `plan()` every planner period (cluster/planner.py decides),
+    `begin(degrees)` for a regroup asked for directly, `poll()` whenever the front's state may have
+    moved on (messages delivered, a stop done). One regroup at a time; `on_done(record)` is called
+    when one finishes."""
+
+    def __init__(self, sched: "Scheduler", actuator: Actuator, clock: Callable[[], float], layout: Layout,
+                 heads: tuple[int, int], gpus_per_node: int, on_done: Callable[[RegroupRecord], None] | None = None):
+        self.sched, self.actuator, self.clock, self.layout = sched, actuator, clock, layout
+        self.heads, self.gpus_per_node, self.on_done = heads, gpus_per_node, on_done
+        self.num_devices = layout.num_devices
+        self.state = PlannerState()
+        self.active: Regroup | None = None
+        self.record: RegroupRecord | None = None
+        self.records: list[RegroupRecord] = []
+        self.layouts: list[tuple[float, list[int]]] = [(clock(), layout.degrees())]    # (since, degrees)
+        self.decisions: list[tuple[float, dict]] = []
+        self.ready_at: dict[int, float] = {}          # new instance -> when the front saw it ready
+        self._polling = False
+
+    def plan(self) -> list[int] | None:
+        """One planner decision on the policy's inputs; begins the regroup it asks for."""
+        if self.active is not None:
+            return None
+        sched, now = self.sched, self.clock()
+        instances = {w: len(devs) for w, devs in enumerate(self.layout.instances) if devs}
+        degrees = decide(sched.config, sched.policy, sched.load, instances, self.heads, self.num_devices,
+                         list(sched.policy.arrivals), now, self.state)
+        self.decisions.append((now, dict(self.state.last)))
+        if degrees is not None:
+            self.begin(degrees, self.state.last.get("why", ""))
+        return degrees
+
+    def begin(self, degrees: list[int], why: str) -> RegroupRecord:
+        sched, now = self.sched, self.clock()
+        target = plan_layout(self.layout, degrees, sched.requests, self.gpus_per_node)
+        self.active, msgs = Regroup.begin(sched, self.layout, target, now, sched.config.reconfigure_wave_share)
+        self.ready_at = {}
+        self.record = RegroupRecord(now, self.layout.degrees(), target.degrees(), why)
+        for w, msg in msgs:
+            sched.send(w, msg)
+        self.poll()
+        return self.record
+
+    def stopped(self, w: int) -> None:
+        """The actuator stopped the instance in slot w."""
+        self.active.retired(self.sched, w, self.clock())
+        if not self._polling:
+            self.poll()
+
+    def poll(self) -> None:
+        """Stop what drained, start what can start, drain the next wave, finish when every new
+        instance serves."""
+        rg, rec, sched = self.active, self.record, self.sched
+        if rg is None:
+            return
+        self._polling = True
+        try:
+            msgs = [None]
+            while msgs:                      # a wave that drains at once lets the next one begin
+                for w in rg.poll_drained(sched, self.clock()):
+                    began = rg.wave_began_at[rg.wave_of(w)]
+                    rec.drain_s[w] = rg.drained_at[w] - began
+                    rec.drain_gpu_s += len(rg.current.instances[w]) * (rg.drained_at[w] - began)
+                    self.actuator.stop(w)
+                for w in rg.launchable():
+                    rg.launching(sched, w, self.clock())
+                    self.actuator.start(w, rg.start[w])
+                msgs = rg.next_wave(sched, self.clock())
+                for w, msg in msgs:
+                    sched.send(w, msg)
+        finally:
+            self._polling = False
+        now = self.clock()
+        for w in rg.start:
+            if w in rg.launched_at and w not in self.ready_at and sched.workers[w].ready:
+                self.ready_at[w] = now
+        if len(rg.launched_at) == len(rg.start) and rg.all_ready(sched):
+            self._finish(now)
+
+    def _finish(self, now: float) -> None:
+        rg, rec = self.active, self.record
+        self.layout, result = rg.finish(self.sched, now)
+        # each device idles from its old instance's stop (the regroup's start if it had none) to its
+        # new instance's ready; a device no new instance uses idles to the end
+        freed = {g: rg.retired_at[v] for v in rg.stop for g in rg.current.instances[v]}
+        spans = [(freed.get(g, rg.started_at), self.ready_at[w]) for w, devs in rg.start.items() for g in devs]
+        steps = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+        rec.peak_out_devices = max(itertools.accumulate(k for _, k in steps), default=0)
+        used = {g for devs in rg.start.values() for g in devs}
+        rec.idle_gpu_s = sum(self.ready_at[w] - freed.get(g, rg.started_at) for w, devs in rg.start.items()
+                             for g in devs) + sum(now - t for g, t in freed.items() if g not in used)
+        rec.waves, rec.done_s, rec.blocks_evicted, rec.result = len(rg.waves), now, result["blocks_evicted"], result
+        self.records.append(rec)
+        self.layouts.append((now, self.layout.degrees()))
+        self.active = self.record = None
+        log.info("regrouped into %s in %.2f s (drains: %s)", result["layout"], result["regroup_s"], result["drain_s"])
+        if self.on_done is not None:
+            self.on_done(rec)
+
+    def summary(self) -> dict:
+        return {"regroups": len(self.records), "layouts": self.layouts,
+                "drain_gpu_s": sum(r.drain_gpu_s for r in self.records),
+                "idle_gpu_s": sum(r.idle_gpu_s for r in self.records),
+                "blocks_evicted": sum(r.blocks_evicted for r in self.records),
+                "decisions": len(self.decisions), "unfinished_regroup": self.active is not None}

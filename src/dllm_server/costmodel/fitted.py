@@ -1,17 +1,5 @@
-"""Cost models: how long a simulated worker's turn takes, and how long a KV handoff takes.
-
-A cost model answers, for one iteration described by worker/core.py's IterationStats (what it fed:
-prefill tokens and their squares, decode tokens and the keys they attend to):
-- `forward_s(it)`: the model forward (reported in LoadReport.forward_s, as a real worker does);
-- `turn_s(it)`: the whole worker turn around it (inbox, forward, commit rule, bookkeeping, report);
-- `idle_turn_s`: a turn that only handled messages; `message_latency_s`: one way, front <-> worker;
-- `kv_bytes(tokens)`, `kv_transfer_s(num_bytes)`: a handoff's size and its time on the link.
-`describe()` lists every constant with where it came from, to print next to simulated numbers.
-
-`FittedCost` is this machine's: the regression of costmodel/step_time.py (the same features the
-engine's own step-time model uses) fitted to a real engine's iteration reports by the
-calibration command (sim/calibrate.py). GPU models are in costmodel/gpu.py.
-"""
+"""The simulator's cost-model protocol, and FittedCost: this machine's step-time regression fitted to a real
+engine's iteration reports by sim/calibrate.py (GPU models: gpu.py)."""
 from __future__ import annotations
 
 import json
@@ -25,6 +13,7 @@ from .step_time import CACHE_COLUMNS, RECOMPUTE_COLUMNS, features, fit
 
 
 class CostModel(Protocol):
+    """Seconds for an IterationStats: forward_s the model forward, turn_s the whole worker turn around it."""
     name: str
     message_latency_s: float
     idle_turn_s: float
@@ -46,9 +35,8 @@ def iteration_features(it) -> np.ndarray:
 
 
 def trimmed_fit(x: np.ndarray, y: np.ndarray, rounds: int = 3, k: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
-    """step_time.fit without the samples far ABOVE the fit (more than k robust sigmas): a worker's
-    reported turn time includes any wait for the inbox that opened the turn (executor/worker_main.py starts
-    the turn's clock before it blocks on an idle inbox), which is no work. Returns (coef, kept)."""
+    """step_time.fit without samples more than k robust sigmas ABOVE the fit: a reported turn time includes the
+    wait on an idle inbox, which is no work. Returns (coef, kept)."""
     keep = np.ones(len(y), dtype=bool)
     coef = fit(x, y)
     for _ in range(rounds):
@@ -63,12 +51,8 @@ def trimmed_fit(x: np.ndarray, y: np.ndarray, rounds: int = 3, k: float = 4.0) -
 
 
 def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) -> dict:
-    """rows: (decode_tokens, decode_keys, prefill_tokens, prefill_sq, turn_s, forward_s) of real
-    iterations. Returns per kind ("cache": decode-only, "recompute": with a full-canvas forward) the
-    coefficients of turn and forward time over step_time's columns, the sample count, how many turn
-    samples were left out as waits, and the turn fit's mean absolute relative error on the rest.
-    As in costmodel/step_time.py, a recompute iteration's decodes cost what the cache fit says and only
-    its prefill terms are fitted to it (its decode and prefill columns are nearly collinear)."""
+    """rows: (decode_tokens, decode_keys, prefill_tokens, prefill_sq, turn_s, forward_s). Per kind ("cache",
+    "recompute"): turn and forward coefficients, samples, turn samples left out as waits, turn error."""
     out = {}
     n = len(CACHE_COLUMNS)
     for kind, columns in (("cache", CACHE_COLUMNS), ("recompute", RECOMPUTE_COLUMNS)):
@@ -94,8 +78,7 @@ def fit_iterations(rows: list[tuple[float, float, float, float, float, float]]) 
 
 @dataclass
 class FittedCost:
-    """Iteration times from a fit to measured iterations (per kind; a recompute kind missing from
-    the fit falls back to the cache kind's columns)."""
+    """Iteration times fitted per kind; a missing recompute kind falls back to the cache kind."""
     fits: dict
     message_latency_s: float
     idle_turn_s: float
@@ -140,8 +123,7 @@ class FittedCost:
 
 
 def load_cpu_cost(path: str | Path, num_workers: int = 1) -> FittedCost:
-    """A calibration file (sim/calibrate.py): the fit made with `num_workers` worker processes
-    running side by side (on 2 cores they slow each other down), or the nearest one fitted."""
+    """The calibration's fit for `num_workers` concurrent workers (they slow each other), or the nearest."""
     data = json.loads(Path(path).read_text())
     by_workers = data["by_workers"]
     key = min(by_workers, key=lambda k: (abs(int(k) - num_workers), int(k)))

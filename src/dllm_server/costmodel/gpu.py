@@ -1,14 +1,5 @@
-"""GPU cost models for LLaDA-8B and Dream-7B on H100 / H200: an iteration's time from the FLOPs it
-does and the bytes it moves against the device's peak rates, each kernel class bound by whichever
-is slower (a roofline per class), plus a per-iteration host term; KV handoffs over a named link.
-Every constant is cited or marked as an assumption (and `describe()` prints them). With a measured
-GPU, `from_gpu_bench` replaces the efficiency estimates by fits to bench/gpu.py's JSON.
-
-Why these terms: a dual-cache block step reads all weights once (memory-bound, nearly flat in the
-batch until the batch's tokens reach peak_flops / bandwidth, about 250 on an H100), then turns
-compute-bound; a full-canvas prefill is compute-bound; attention adds q x keys work and reads the
-KV of every key.
-"""
+"""Roofline GPU cost models (H100 / H200): each kernel class is bound by its FLOPs or its bytes, plus a host term.
+Constants are cited or marked as assumptions; `from_gpu_bench` refits the efficiencies to a bench/gpu.py run."""
 from __future__ import annotations
 
 import json
@@ -34,7 +25,7 @@ class ModelShape:
     mask_id: int
     eos_id: int
     source: str
-    bytes_per_param: int = 2   # bf16 weights and KV
+    bytes_per_param: int = 2
     block_size: int = 0        # > 0: block-causal (SDAR), decoding in blocks of this width on the absolute grid
 
     @property
@@ -48,7 +39,7 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> int:
-        return (self.linear_params + 2 * self.head_params) * self.bytes_per_param   # embedding + LM head
+        return (self.linear_params + 2 * self.head_params) * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -108,28 +99,23 @@ LINKS = {
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The share of peak each kernel class reaches and the host's per-iteration work. All are
-    assumptions unless replaced by a measurement (from_gpu_bench)."""
-    gemm: float = 0.7              # large bf16 GEMMs: 60-80 % of peak on H100 is typical (assumption)
-    attention: float = 0.5         # FlashAttention-2 reports 50-73 % of A100 peak (assumption for H100/H200)
-    memory: float = 0.8            # streaming kernels' share of HBM bandwidth (assumption)
-    eager_launch_s: float = 2e-3   # launch floor of an eager forward (iterations with a prefill): ~400
-                                   # kernels x 5 us (assumption)
-    graph_launch_s: float = 1e-4   # decode-only iterations replay a CUDA graph (assumption)
-    host_base_s: float = 1e-3      # per turn: admission, packing, one device-to-host copy, messages (assumption)
-    host_per_row_s: float = 6e-5   # per batch row: the commit bookkeeping of worker/core.py (assumption:
-                                   # the per-row host cost measured on this CPU, see docs/simulation.md)
+    """Shares of peak per kernel class, and host seconds per turn and per row: assumptions unless fitted."""
+    gemm: float = 0.7              # large bf16 GEMMs: 60-80 % of peak on H100 is typical
+    attention: float = 0.5         # FlashAttention-2 reports 50-73 % of A100 peak
+    memory: float = 0.8
+    eager_launch_s: float = 2e-3   # iterations with a prefill: ~400 kernels x 5 us
+    graph_launch_s: float = 1e-4   # decode-only iterations replay a CUDA graph
+    host_base_s: float = 1e-3
+    host_per_row_s: float = 6e-5
     source: str = "assumptions (docs/simulation.md)"
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    """A ring all-reduce among a tensor-parallel instance's GPUs: alpha + 2 (d - 1) / d x bytes / bus
-    (the NCCL ring's traffic per GPU). Two per layer (after the attention output and the MLP down
-    projection) over the iteration's fed tokens x hidden x 2 bytes."""
-    alpha_s: float = 20e-6            # per call
-    bus_bytes_per_s: float = 220e9    # MB-sized messages
-    plan_s: float = 50e-6             # the leader's plan broadcast per iteration (host, gloo; assumption)
+    """A ring all-reduce within a tensor-parallel instance: alpha + 2 (d - 1) / d x bytes / bus, two per layer."""
+    alpha_s: float = 20e-6
+    bus_bytes_per_s: float = 220e9
+    plan_s: float = 50e-6             # the leader's plan broadcast per iteration
     source: str = ("torch.distributed NCCL all-reduce on 8 x H100 in one node: 19-25 us from 128 B to 512 KB, "
                    "the bus rate fitted to the same measurement's 4/8/16 MB points (59/91/136 us), a user's "
                    "report in ByteDance-Seed/Triton-distributed#57 (shared/reference/cluster_level.md 6.2); "
@@ -139,10 +125,8 @@ class AllReduce:
         return 0.0 if degree <= 1 else self.alpha_s + 2 * (degree - 1) / degree * num_bytes / self.bus_bytes_per_s
 
 
-SAMPLING_BYTES_PER_LOGIT = 4 + 2 * 8   # fp32 logits written, a float64 confidence written and read
-                                       # (docs/gpu.md, "Sampling")
-KV_POOL_SHARE = 0.7   # of the memory left after the weights; Sangam's 44 GiB LLaDA pool on an 80 GB H100
-                      # (sangam.md 2.5) is 0.69 of it (the rest: activations, logits, graphs)
+SAMPLING_BYTES_PER_LOGIT = 4 + 2 * 8   # fp32 logits written, a float64 confidence written and read (docs/gpu.md)
+KV_POOL_SHARE = 0.7   # of the memory the weights leave: the Sangam paper's LLaDA pool on an H100 (docs/simulation.md)
 
 
 @dataclass
@@ -152,11 +136,10 @@ class RooflineCost:
     link: Link
     block_length: int
     eff: Efficiency = Efficiency()
-    message_latency_s: float = 2e-4   # front <-> worker over a local queue (assumption; measured on the CPU
-                                      # calibration for the CPU model)
-    idle_turn_s: float = 1e-4         # a turn that only handled messages (assumption)
+    message_latency_s: float = 2e-4   # this and idle_turn_s: assumptions
+    idle_turn_s: float = 1e-4
     name: str = "gpu-roofline"
-    tp: int = 1                       # tensor-parallel degree of the instance (GPUs it spans)
+    tp: int = 1
     all_reduce: AllReduce = AllReduce()
 
     @property
@@ -164,8 +147,7 @@ class RooflineCost:
         return self.model.layers
 
     def kv_pool_tokens(self) -> int:
-        """The instance's pool: on each of its d GPUs what the weights leave (the projections split
-        d ways, embedding and LM head whole), each GPU holding 1/d of every token's KV."""
+        """KV tokens over the instance's d GPUs (projections split d ways, embedding and LM head whole)."""
         m, d = self.model, self.tp
         linear_bytes = m.linear_params * m.bytes_per_param
         per_gpu = self.device.memory_bytes - (m.weight_bytes - linear_bytes) - linear_bytes / d
@@ -177,8 +159,7 @@ class RooflineCost:
         object.__setattr__(self, "_memo", None)
 
     def _constants(self) -> tuple:
-        """forward_s's per-instance constants, computed once (it runs twice per simulated turn);
-        the same operations in the same order as written out, so the same floats."""
+        """forward_s's constants, computed once, in the same order as written out inline: the same floats."""
         m, d, e = self.model, self.device, self.eff
         gemm, attn_rate, bw = d.peak_flops * e.gemm, d.peak_flops * e.attention, d.mem_bytes_per_s * e.memory
         lp, hp = m.linear_params, m.head_params
@@ -190,7 +171,7 @@ class RooflineCost:
 
     def forward_s(self, it) -> float:
         key = (it.prefill_tokens, it.decode_tokens, it.decode_keys, it.prefill_sq, it.num_prefills, it.num_decodes)
-        memo = getattr(self, "_memo", None)          # the simulator asks twice per turn: forward, then turn
+        memo = getattr(self, "_memo", None)          # the simulator asks twice per turn
         if memo is not None and memo[0] == key:
             return memo[1]
         s = self._forward_s(it)
@@ -198,8 +179,6 @@ class RooflineCost:
         return s
 
     def _forward_s(self, it) -> float:
-        """One GPU's roofline; with TP d, the projections' and attention's work splits d ways (head
-        and sampling stay on the leader, whole), plus two all-reduces a layer and the plan."""
         rows = it.num_prefills + it.num_decodes
         if rows == 0:
             return 0.0
@@ -209,7 +188,7 @@ class RooflineCost:
          kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
         tokens = it.prefill_tokens + it.decode_tokens
         logit_rows = rows * block_length           # our engine computes logits at block positions only
-        linear = max(lin_flops * tokens / gemm, lin_bytes_s)                  # weights: compute or one read
+        linear = max(lin_flops * tokens / gemm, lin_bytes_s)
         head = max(head_flops * logit_rows / gemm, (head_bytes + logit_rows * vocab * 4) / bw)
         q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0
         attn_flops = attn_coef * (it.prefill_sq + q_per_decode * it.decode_keys)
@@ -220,6 +199,7 @@ class RooflineCost:
         return max(linear + head + attention + sampling, launch)
 
     def _tp_forward_s(self, it) -> float:
+        """Projections and attention split d ways; head and sampling stay whole on the leader."""
         (gemm, attn_rate, bw, block_length, lin_flops, lin_bytes_s, head_flops, head_bytes, vocab, attn_coef,
          kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
         d, rows = self.tp, it.num_prefills + it.num_decodes
@@ -274,11 +254,7 @@ def _best(grid, err):
 
 
 def from_gpu_bench(path: str | Path, model: str, link: str = "nvlink", block_length: int = 32) -> RooflineCost:
-    """A cost model whose efficiencies are fitted to a bench/gpu.py run (docs/gpu.md): the GEMM
-    share from the measured dense rate, the memory share from the decode sweep (graph path),
-    attention from the prefill sweep, the eager launch floor from the eager decode steps, the host
-    term from the serving phase's share of loop time in the forward. The device's name and memory
-    come from the run; the model served is `model` (its shape may differ from the benchmarked one)."""
+    """Efficiencies fitted to a bench/gpu.py run (docs/gpu.md); `model` may differ from the one benchmarked."""
     data = json.loads(Path(path).read_text())
     meta = data["meta"]
     bench = _shape_of(meta["config"])

@@ -1,5 +1,4 @@
-"""What one worker iteration fed: the record every cost model prices (the worker core and the
-simulator's stepper describe an iteration with it)."""
+"""What one worker iteration fed: the record every cost model prices."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,17 +1,6 @@
-"""A worker's iteration time as a function of what the iteration feeds, separately for cache steps
-(decode-only iterations: every row feeds its block against cached K/V) and recompute steps
-(iterations with a full-canvas forward, a prefill or re-prefill).
-
-time = c0 + c1 * decode_tokens + c2 * decode_keys + [c3 * prefill_tokens + c4 * prefill_sq]
-
-decode_keys (the key positions the decodes attend to) and prefill_sq (the sum of squared canvas
-lengths: a full forward's attention is quadratic in its canvas) carry attention's cost; the
-token terms carry the linear layers. Coefficients are non-negative least squares (time never
-falls with more work), fitted to a start-up profile and then to the worker's own iteration
-reports, refitted every few reports. Recompute iterations are rarer, so only their prefill part
-is fitted to them: what the cache-step model predicts for their decodes is taken as known, and
-the rest is `c3 prefill_tokens + c4 prefill_sq`. Pure functions plus a small state.
-"""
+"""A worker's iteration time c0 + c1 decode_tokens + c2 decode_keys [+ c3 prefill_tokens + c4 prefill_sq], fitted
+per kind: cache steps, and recompute steps (a full-canvas forward), which are rarer, so they fit only their prefill
+terms and take their decode part from the cache fit."""
 from __future__ import annotations
 
 import collections
@@ -41,8 +30,7 @@ def report_features(r: LoadReport) -> np.ndarray:
 
 
 def fit(x: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> np.ndarray:
-    """Non-negative least squares (a small ridge: a profile may not vary every column): solve,
-    drop the most negative coefficient's column, solve again, until none is negative."""
+    """Non-negative least squares (time never falls with more work); the ridge covers columns a profile never varies."""
     k = x.shape[1]
     active = list(range(k))
     coef = np.zeros(k)

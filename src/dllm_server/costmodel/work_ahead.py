@@ -1,22 +1,6 @@
-"""The work ahead of a request on its worker, priced (issue 33): how long its remaining forwards
-take when every other request there, queued or running, keeps its own forwards and re-prefills.
-
-A worker advances every seated request by one forward per iteration (continuous batching), so a
-request that needs F more forwards shares each of its next F iterations with every other request
-that still has forwards left then. With other requests i needing f_i forwards and R_i
-re-prefills (full-canvas forwards of canvas length L_i), over the next F iterations the worker
-runs
-
-    F x c0                                   iteration overhead
-  + sum_i row_s(L_i) x min(f_i, F)           cache steps of everyone still decoding (itself too)
-  + sum_i recompute_s(L_i) x R_i x min(1, F / f_i)   the share of i's re-prefills that land
-                                                      before this request ends (spread evenly)
-
-with c0, row_s and recompute_s from the worker's step-time model (cache steps and recompute steps
-priced separately). This is processor sharing with the seat cap ignored (the deficit budget and
-max_active_decodes can only delay a request further). Pure numpy: the SLO policy calls it once
-per decision round for every request it decides, at every candidate threshold.
-"""
+"""Prices the work ahead of a request on its worker as processor sharing, seat cap ignored (docs/slo.md): over its
+next F forwards the worker runs F c0 + sum_i row_s(L_i) min(f_i, F) + sum_i recompute_s(L_i) R_i min(1, F / f_i),
+for every request i there with f_i forwards and R_i re-prefills left at canvas length L_i."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,14 +10,13 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class UnitCosts:
-    """A worker's iteration cost, split: seconds per iteration, per decode row (its block's tokens
-    against keys_per_row keys: row_tokens_s + key_s x canvas), and per re-prefill token (linear and
-    quadratic in the canvas)."""
+    """A worker's iteration cost in seconds: per iteration, per decode row (row_tokens_s + key_s x canvas) and per
+    re-prefill (prefill_token_s x canvas + prefill_sq_s x canvas^2)."""
     iteration_s: float
-    row_tokens_s: float        # one decode row's fed tokens (a block)
-    key_s: float               # per key attended by a decode row
+    row_tokens_s: float
+    key_s: float
     prefill_token_s: float
-    prefill_sq_s: float        # per squared canvas token
+    prefill_sq_s: float
 
     def row_s(self, canvas: np.ndarray) -> np.ndarray:
         return self.row_tokens_s + self.key_s * canvas
@@ -44,9 +27,7 @@ class UnitCosts:
 
 @dataclass(frozen=True, slots=True)
 class Others:
-    """The live requests on one worker: remaining forwards, remaining re-prefills, canvas lengths
-    (each at the threshold it was last decided at) and their weight (1, or a share for a request
-    the router has not placed yet)."""
+    """Live requests on one worker at their last decided threshold; weight 1, or a share for one not yet routed."""
     forwards: np.ndarray
     recomputes: np.ndarray
     canvas: np.ndarray
@@ -66,10 +47,8 @@ class Others:
 
 def queued_seconds(forwards: np.ndarray, recomputes: np.ndarray, canvas: float, others: Others,
                    unit: UnitCosts, own: tuple[float, float, float] | None = None) -> np.ndarray:
-    """Seconds until a request with `forwards` [C] remaining forwards and `recomputes` [C] remaining
-    re-prefills (one value per candidate threshold) finishes, sharing the worker with `others`.
-    `own` = (forwards, recomputes, weight) of this request where it is counted among `others` (its
-    last decision): that part is taken out first, so it is never counted twice."""
+    """Seconds until a request with `forwards` / `recomputes` [C] left (one per candidate threshold) finishes
+    beside `others`. `own`: its (forwards, recomputes, weight) entry in `others`, taken out so it counts once."""
     F = np.maximum(np.asarray(forwards, dtype=float), 0.0)
     R = np.asarray(recomputes, dtype=float)
     f, r, w = others.forwards, others.recomputes, others.weight

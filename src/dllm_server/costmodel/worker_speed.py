@@ -1,24 +1,19 @@
-"""What the front process knows of each worker's speed: a step-time model per worker (seeded by
-its start-up profile, refined from its iteration reports) and its latest load report. Answers
-"how long is an iteration there now", "how long does a re-prefill wait there", "how many
-request-forwards per second can it run" and "when would a new block finish there", for the SLO
-policy, load control and routing by predicted completion."""
+"""The front's view of each worker's speed: a step-time model (seeded by its start-up profile, refined by its
+reports) and its latest LoadReport, for the SLO policy, load control and routing."""
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
 from ..messages import LoadReport
-from .work_ahead import UnitCosts
 from .step_time import StepTimeModel, features, report_features
-
+from .work_ahead import UnitCosts
 
 
 def capacity_rate(iteration_s: Callable[[int], float], max_batch: int, max_iteration_s: float = float("inf"),
                   recompute_rows: Callable[[int], float] | None = None) -> float:
-    """Request-forwards per second one worker can run: a batch of n advances n requests by one
-    forward per iteration (plus the recompute steps in it, `recompute_rows(n)`: each is a forward
-    of its request too), so the best (n + recomputes) / t(n) over the batch sizes it may seat whose
-    iteration stays within `max_iteration_s` (batch 1 always counts: it is the least a worker does)."""
+    """Request-forwards per second of one worker: the best (n + recompute_rows(n)) / t(n) over batch sizes n whose
+    iteration fits `max_iteration_s` (batch 1 always counts)."""
     best = 0.0
     for n in range(1, max(1, max_batch) + 1):
         t = iteration_s(n)
@@ -51,7 +46,6 @@ class WorkerLoadModel:
             self.models[worker_id].add_report(report)
 
     def iteration_s(self, w: int, extra_rows: int = 0, extra_keys: int = 0) -> float:
-        """An iteration's time at the worker's current load, with `extra_rows` more decodes."""
         m, r = self.models[w], self.reports.get(w)
         if r is None:
             return m.predict(features(self.block_length * max(1, extra_rows), max(256, extra_keys)))
@@ -61,8 +55,7 @@ class WorkerLoadModel:
         return m.predict(x) or r.iteration_s
 
     def reprefill_wait_s(self, w: int) -> float:
-        """How long a re-prefill queued there now waits: the prefill tokens ahead of it over what the
-        token budget admits per iteration."""
+        """How long a re-prefill queued there now waits: the prefill tokens ahead over the budget per iteration."""
         r = self.reports.get(w)
         if r is None or r.policy is None or r.policy.token_budget is None:
             return 0.0
@@ -71,8 +64,7 @@ class WorkerLoadModel:
         return self.iteration_s(w) * r.outstanding_prefill_tokens / max(1.0, allowance)
 
     def costs(self, worker: int | None) -> tuple[float, float]:
-        """(seconds per iteration, seconds a re-prefill waits) on `worker`, or on the worker where a
-        request would fare best when it has none yet."""
+        """(s per iteration, s a re-prefill waits) on `worker`, or on the best worker when it has none yet."""
         ids = [worker] if worker in self.reports else (list(self.reports) or list(self.models))
         best = None
         for w in ids:
@@ -82,21 +74,17 @@ class WorkerLoadModel:
         return best if best is not None else (0.0, 0.0)
 
     def completion_s(self, w: int, canvas_len: int, block_forwards: float) -> float:
-        """When a block routed there now would finish: its re-prefill's wait, then its forwards at the
-        worker's load with this request added."""
         return self.reprefill_wait_s(w) + block_forwards * self.iteration_s(w, extra_rows=1, extra_keys=canvas_len)
 
     def completion_estimates(self, workers, state) -> dict[int, float]:
-        """completion_s of a request's next block on each worker; its forwards guessed from its own
-        finished blocks (half a block before the first one ends)."""
+        """completion_s of the next block per worker; forwards from its finished blocks (half a block at first)."""
         done = state.stats.steps_per_block
         forwards = sum(done) / len(done) if done else state.params.block_length / 2
         canvas = state.prompt_len + state.answer_len
         return {w: self.completion_s(w, canvas, forwards) for w in workers}
 
     def unit_costs(self, w: int) -> UnitCosts | None:
-        """Worker `w`'s iteration cost split into per-iteration, per-decode-row and per-re-prefill
-        parts (costmodel/work_ahead.py), from its step-time model; None before it has one."""
+        """`w`'s UnitCosts from its step-time model; None before it has one."""
         m = self.models.get(w)
         if m is None or not m.ready:
             return None
@@ -110,25 +98,20 @@ class WorkerLoadModel:
 
     def capacity(self, max_iteration_s: float = float("inf"), arrival_rate: float = 0.0,
                  blocks_per_request: float = 1.0) -> float:
-        """Request-forwards per second all workers with a fitted model can run, with every
-        iteration within `max_iteration_s` (what a request's SLO allows per forward). New
-        requests (`arrival_rate` per second, shared out over the workers) bring a recompute step
-        per block (the prefill and one re-prefill for every later block: `blocks_per_request`)
-        into the iterations, which makes each of them longer."""
+        """Request-forwards per second of all fitted workers with every iteration within `max_iteration_s`;
+        arrivals (`arrival_rate` /s) add a recompute step per block, lengthening the iterations."""
         ready = [w for w, m in self.models.items() if m.ready]
         total = 0.0
         for w in ready:
             m, r = self.models[w], self.reports.get(w)
             seats = r.policy.max_active_decodes if r is not None and r.policy is not None else 64
-            # keys per decode row of the last iteration (its own rows: the seats left after it can be fewer)
             rows = (r.iteration_tokens - r.prefill_tokens) / self.block_length if r is not None else 0
             keys = r.decode_keys / rows if r is not None and rows >= 1 else 256
             lam = arrival_rate * max(1.0, blocks_per_request) / len(ready)   # recompute steps per second
 
             def step(n, m=m, k=keys, lam=lam) -> tuple[float, float]:
-                """(iteration seconds, recompute steps in it) at batch n."""
                 t0 = m.predict(features(n * self.block_length, n * k))
-                share = lam * t0                       # recompute steps landing in one iteration, on average
+                share = lam * t0
                 if share <= 0:
                     return t0, 0.0
                 return m.predict(features(n * self.block_length, n * k, share * k, share * k * k, recompute=True)), share

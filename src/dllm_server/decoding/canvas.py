@@ -1,13 +1,5 @@
-"""Pure canvas geometry: canvas = prompt + answer, answer rounded up to whole blocks.
-
-Positions are absolute canvas indices everywhere (RoPE and the KV cache depend on it). Two grids
-(the one seam between model families):
-- relative (LLaDA, Dream): blocks start at the prompt's end; the answer is max_tokens rounded up
-  to whole blocks;
-- absolute (`absolute=True`: block-causal families, SDAR): blocks lie on the grid from position
-  0, the model's own (its attention mask is defined on it), so the prompt's last partial block is
-  the first answer block's fixed part, and the canvas ends on a block boundary.
-"""
+"""Canvas geometry (prompt + answer in whole blocks, absolute positions). Blocks start at the prompt's end (LLaDA,
+Dream) or, with `absolute=True` (block-causal SDAR), lie on the model's grid from position 0."""
 from __future__ import annotations
 
 
@@ -33,8 +25,7 @@ def block_bounds(prompt_len: int, block_index: int, block_len: int, absolute: bo
 
 
 def steps_per_block(steps: int, n_blocks: int, block_index: int) -> int:
-    """Split `steps` (over the whole answer, as LLaDA's generate; effective_steps first) across
-    blocks; earlier blocks take the remainder so the total is exactly `steps`."""
+    """Split the answer's `steps` across blocks (as LLaDA's generate); earlier blocks take the remainder."""
     base, extra = divmod(steps, n_blocks)
     return base + (1 if block_index < extra else 0)
 
@@ -46,7 +37,6 @@ def transfer_counts(num_masked: int, num_steps: int) -> list[int]:
 
 
 def effective_steps(steps: int, max_tokens: int, block_len: int, prompt_len: int = 0, absolute: bool = False) -> int:
-    """A request's `steps` as the engine runs it: at least one forward per block, at most one per
-    answer position (more would commit nothing), so every schema-valid value means something."""
+    """`steps` as run: at least one forward per block, at most one per answer position."""
     return min(max(steps, num_blocks(max_tokens, block_len, prompt_len, absolute)),
                answer_len(max_tokens, block_len, prompt_len, absolute))

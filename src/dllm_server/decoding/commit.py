@@ -1,11 +1,5 @@
-"""The per-row commit rule of one denoising step: which masked positions of each active block
-commit, and to which tokens. Pure tensor function over a batch; each row carries its own
-request params (sampler, seed) and its block's policy (threshold / factor / entropy bound /
-fixed steps), so rows of one batch, and blocks of one request, may follow different rules.
-
-Sampling runs where the logits are (no [B, K, V] copy to the host); only the commit mask and the
-proposals come back, in one device-to-host transfer.
-"""
+"""One denoising step's commits over a batch whose rows each carry their own sampler and commit rule. Sampling
+stays where the logits are; only the commit mask and tokens come back, in one device-to-host copy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +19,7 @@ class CommitRow:
     policy: BlockPolicy
     block_index: int
     step: int                       # forwards this block has already had (0 = its full forward)
-    first_only: bool = False        # Fast-dLLM's Dream rule at the block's full forward (unmask.first_position_only)
+    first_only: bool = False
 
 
 def fixed_count(policy: BlockPolicy, block_length: int, step: int) -> int:
@@ -41,12 +35,10 @@ CONFIDENCE_STATS = ("conf_mean", "conf_min", "conf_max", "conf_q25", "conf_q50",
 
 def confidence_summary(conf: torch.Tensor, still_masked: torch.Tensor,
                        candidates: tuple[float, ...]) -> torch.Tensor:
-    """Per row, over the positions still masked after this step: the CONFIDENCE_STATS of their
-    top-1 probabilities, then how many clear each candidate threshold. [B, 6 + C] float64; a
-    row with nothing masked gets confidence 1 and zero counts."""
+    """[B, 6 + C] float64: CONFIDENCE_STATS over still-masked positions, then how many clear each candidate."""
     c = torch.where(still_masked, conf, torch.full_like(conf, float("nan")))
     any_masked = still_masked.any(dim=-1, keepdim=True)
-    c = torch.where(any_masked, c, torch.ones_like(c))        # nothing left: everything "certain"
+    c = torch.where(any_masked, c, torch.ones_like(c))
     q = torch.nanquantile(c, torch.tensor([0.25, 0.5, 0.75], dtype=c.dtype, device=c.device), dim=-1).T
     stats = [c.nanmean(dim=-1, keepdim=True),
              torch.where(c.isnan(), torch.full_like(c, float("inf")), c).amin(dim=-1, keepdim=True),
@@ -60,11 +52,7 @@ def confidence_summary(conf: torch.Tensor, still_masked: torch.Tensor,
 def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow], mask_id: int,
                 candidates: tuple[float, ...] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [B, K, V] on the device; masked [B, K] (host or device) marks each row's still-masked
-    block positions (padding past a row's width is never masked). Returns host tensors
-    (commit bool [B, K], tokens int64 [B, K]); at least one position of every row with a mask
-    commits. With `candidates` (thresholds), also the rows' confidence_summary, in the same
-    device-to-host copy."""
+    """logits [B, K, V], masked [B, K] -> host commit bool, tokens int64 [B, K] (+ summary with `candidates`)."""
     dev = logits.device
     masked = masked.to(dev)
     widths = [r.width for r in rows]
@@ -93,7 +81,7 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
         score, count = unmask.first_position_only(score, count, first, fixed)
     commit = unmask.select_commits(score, masked, count)
     if candidates is None:
-        host = torch.stack((commit.to(torch.int64), tokens)).cpu()     # the step's one device-to-host sync
+        host = torch.stack((commit.to(torch.int64), tokens)).cpu()
         return host[0].bool(), host[1]
     summary = confidence_summary(conf, masked & ~commit, tuple(candidates))
     k = commit.shape[1]

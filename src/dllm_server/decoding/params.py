@@ -1,15 +1,5 @@
-"""What a user asks for vs what the engine resolved, each validated on construction.
-
-- `SamplingParams`: what one request asks of the decoder (the user's fields; `None` means "the
-  server default").
-- `DecodeParams`: what every block of the request shares, resolved (`SamplingParams.resolve`):
-  the sampler's fields, the block width and a fixed seed. Travels to the worker with each block.
-- `BlockPolicy`: how one block commits (threshold, factor, entropy bound or a fixed number of
-  steps), chosen by the front process's decode policy per block (policy/), so blocks of one
-  request may differ.
-
-No torch, no devices here.
-"""
+"""Decoding parameters as a request asks them (`SamplingParams`, None: the server default) and as resolved:
+`DecodeParams` for the whole request, `BlockPolicy` per block (chosen by policy/). No torch here."""
 from __future__ import annotations
 
 import math
@@ -23,8 +13,7 @@ MAX_SEED = 2**63 - 1
 
 
 def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample `index` of a request with n > 1: seed + index (mod 2**63), so each sample
-    is exactly the n=1 request with that seed (sample 0 keeps the request's own)."""
+    """Seed of sample `index` of an n > 1 request, so each sample is exactly the n=1 request with that seed."""
     return (seed + index) % (MAX_SEED + 1)
 
 
@@ -39,7 +28,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0                       # 0 (or -1, as vLLM): off
-    min_p: float = 0.0                   # 0: off
+    min_p: float = 0.0
     threshold: float | None = None
     factor: float | None = None
     steps: int | None = None
@@ -48,8 +37,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     block_length: int | None = None
-    slo_ms: float | None = None          # end-to-end latency target from arrival (threshold policy "slo")
-    entropy_bound: float | None = None   # EB-sampler's gamma (decoding/unmask.py entropy_bounded_counts)
+    slo_ms: float | None = None
+    entropy_bound: float | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -102,10 +91,7 @@ class SamplingParams:
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
 
     def resolve(self, default_block_length: int, default_seed: int, model_block: int = 0) -> "DecodeParams":
-        """The request-wide decoding fields: server defaults filled in, a seed fixed so results
-        never depend on batching. (Commit rules are resolved per block: BlockPolicy.) A
-        block-causal model (`model_block` > 0, its trained block size) decodes on its own blocks:
-        a block_length other than that is refused, the server default does not apply."""
+        """Defaults filled, seed fixed; a block-causal model (`model_block` > 0) decodes only in its own blocks."""
         if model_block:
             if self.block_length is not None and self.block_length != model_block:
                 raise ValueError(f"block_length: this model decodes in its own blocks of {model_block} "
@@ -120,7 +106,7 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class DecodeParams:
-    """Resolved per request: shared by every block (the worker's sampler and stop rule)."""
+    """Resolved per request and shared by its blocks: the worker's sampler and stop rule."""
     max_tokens: int
     block_length: int
     temperature: float
@@ -128,9 +114,9 @@ class DecodeParams:
     remasking: str
     seed: int
     ignore_eos: bool
-    top_k: int = 0                  # 0: off
-    min_p: float = 0.0              # 0: off
-    block_causal: bool = False      # the model's family: blocks on the absolute grid, KV exact (SDAR)
+    top_k: int = 0
+    min_p: float = 0.0
+    block_causal: bool = False
 
     @property
     def needs_rng(self) -> bool:
@@ -148,10 +134,7 @@ class DecodeParams:
 
 @dataclass(frozen=True, slots=True)
 class BlockPolicy:
-    """How one block commits, resolved by the front process: exactly one rule applies; `steps`
-    (forwards of this block under LLaDA's linear schedule) first, then `factor`, then
-    `entropy_bound`, then `threshold` (every masked position whose confidence reaches it, at
-    least the best one)."""
+    """One block's commit rule: the first set of `steps`, `factor`, `entropy_bound`, else `threshold`."""
     threshold: float
     factor: float | None = None
     steps: int | None = None

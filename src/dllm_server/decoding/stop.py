@@ -1,23 +1,11 @@
-"""When is a request's visible answer final? (EOS / end-of-turn early stop, length limit.)
-
-The worker asks after every forward, for every row: how many answer positions are still masked,
-is the block still open, is the visible answer final. `AnswerMarks` answers from a plain-list
-copy of the answer kept beside the canvas tensor and the first masked / first stop positions, so
-a step costs what it committed, not a scan of the answer with tensor ops (which cost more than
-the forward's host work on small rows; the request side's RequestState works the same way).
-"""
+"""When a request's visible answer is final (EOS / end-of-turn early stop, length limit)."""
 from __future__ import annotations
 
 import torch
 
 
 class AnswerMarks:
-    """One canvas's answer as the stop rule sees it. Every write to the canvas goes through
-    `commit`, which writes the tensor (through a NumPy view: the same memory) and the list.
-
-    The visible answer ends at the first committed stop token (exclusive, unless ignore_eos),
-    capped at max_tokens; it is final when no position in it is masked: later blocks are skipped
-    (dInfer-style early stop, made exact)."""
+    """The answer as a plain list (a step costs what it commits, not a tensor scan); all writes go through `commit`."""
     __slots__ = ("canvas", "prompt_len", "answer", "mask_id", "stops", "num_masked", "first_mask", "first_stop")
 
     def __init__(self, canvas: torch.Tensor, prompt_len: int, mask_id: int, stop_ids, ignore_eos: bool):
@@ -26,7 +14,7 @@ class AnswerMarks:
         self.answer: list[int] = self.canvas[prompt_len:].tolist()
         self.mask_id = mask_id
         self.stops = frozenset(() if ignore_eos else stop_ids)
-        self.num_masked = self.answer.count(mask_id)   # masked answer positions
+        self.num_masked = self.answer.count(mask_id)
         self.first_mask = self._next_mask(0)           # no mask in answer[:first_mask]
         self.first_stop = self._next_stop(0)           # no stop token in answer[:first_stop]
 
@@ -46,11 +34,10 @@ class AnswerMarks:
         return best
 
     def commit(self, start: int, cols: list[int], values: list[int]) -> tuple[int, ...]:
-        """Write `values` at block-relative columns `cols` of the block starting at canvas
-        position `start`; returns the absolute positions written."""
+        """Write `values` at columns `cols` of the block starting at `start`; returns the positions written."""
         canvas, ans, mask, stops = self.canvas, self.answer, self.mask_id, self.stops
         base, pl = start - self.prompt_len, self.prompt_len
-        changed = 0                                     # masked positions added (+) or filled (-)
+        changed = 0
         for c, v in zip(cols, values):
             a = base + c
             canvas[pl + a] = v
@@ -68,21 +55,18 @@ class AnswerMarks:
         n = len(ans)
         if self.first_mask < n and ans[self.first_mask] != mask:
             self.first_mask = self._next_mask(self.first_mask)
-        if self.first_stop < n and ans[self.first_stop] not in stops:     # a stop token overwritten
+        if self.first_stop < n and ans[self.first_stop] not in stops:
             self.first_stop = self._next_stop(self.first_stop)
         return tuple([start + c for c in cols])
 
     def visible_len(self, max_tokens: int) -> int:
-        """Up to the first committed stop token (exclusive), capped at max_tokens."""
         return self.first_stop if self.first_stop < max_tokens else min(max_tokens, len(self.answer))
 
     def is_final(self, max_tokens: int) -> bool:
-        """True when nothing the client can see is still masked."""
         return self.first_mask >= self.visible_len(max_tokens)
 
     def any_masked(self, start: int, end: int) -> bool:
-        """Is a position of canvas[start:end] (in the answer) still masked?"""
-        # a block-causal family's first block starts inside the prompt: only its answer part counts
+        """Is an answer position of canvas[start:end] still masked (a block-causal block may start in the prompt)?"""
         a, b = max(0, start - self.prompt_len), min(end - self.prompt_len, len(self.answer))
         if self.first_mask >= b:
             return False

@@ -1,11 +1,5 @@
-"""Pure tensor functions for one denoising step over a batch of active blocks.
-
-Rows are requests, columns are positions of each row's active block (padded to the widest
-block; padding is never masked, so never committed). Everything is computed in float64 as in
-Fast-dLLM (reference/dllm_algorithms.md §3.2). Randomness comes only from per-request
-generators derived from (seed, block, step), so a request's tokens never depend on its batch
-or on which worker ran the step.
-"""
+"""Tensor functions of one denoising step: rows are requests, columns their block's positions (padding never masked).
+float64 as in Fast-dLLM; randomness only from per-request (seed, block, step) generators, never from the batch."""
 from __future__ import annotations
 
 import torch
@@ -15,8 +9,7 @@ _MASK64 = (1 << 64) - 1
 
 def step_generator(seed: int, block_index: int, step: int,
                    device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator whose stream depends only on the request seed and the step's coordinates
-    (and the device kind: CPU and CUDA streams differ)."""
+    """A generator seeded from (seed, block, step) alone; CPU and CUDA streams differ."""
     x = (seed * 0x9E3779B97F4A7C15 + block_index * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & _MASK64
     x ^= x >> 31
     x = (x * 0xD6E8FEB86659FD93) & _MASK64
@@ -25,8 +18,7 @@ def step_generator(seed: int, block_index: int, step: int,
 
 
 def top_k_filter(x: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the `top_k` highest logits (0: all). Ties with the k-th are kept, so the result never
-    depends on how a sort orders equal values."""
+    """Keep the `top_k` highest logits (0: all); ties with the k-th stay, so sort order never matters."""
     if top_k <= 0 or top_k >= x.shape[-1]:
         return x
     kth = x.topk(top_k, dim=-1).values[..., -1:]
@@ -64,20 +56,9 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
             top_k: list[int] | None = None, min_p: list[float] | None = None,
             chunk_elements: int = 1 << 25, with_entropy: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Proposed token and its confidence for every position.
-
-    logits [B, K, V]; `widths[b]` is row b's real block width (noise is drawn for exactly that
-    many positions). Greedy rows take the argmax; rows with temperature > 0 use Gumbel-max in
-    float64 over the tempered logits after the row's filters (`filtered`: top-k, top-p, min-p),
-    so filters choose which token each position proposes. Confidence is the *untempered,
-    unfiltered* softmax probability of the proposal (LLaDA / Fast-dLLM): the model's own belief
-    in the token, so the commit rules mean the same whatever the sampler settings (and top_k=1
-    commits exactly what greedy commits). `banned_id` (the mask token) can never be proposed.
-    Rows go through float64 in chunks of at most `chunk_elements` values (256 MiB), so memory
-    stays bounded at any batch; per row the arithmetic is the same whatever the chunking.
-    With `with_entropy`, also the entropy (nats) of every position's untempered, unfiltered
-    distribution, float64 [B, K] (the EB-sampler's measure).
-    """
+    """Token and confidence per position of logits [B, K, V]: argmax, or float64 Gumbel-max over filtered tempered
+    logits (noise for `widths[b]` positions). Confidence is the untempered, unfiltered probability (LLaDA), so commit
+    rules mean the same under any sampler. Chunking bounds memory, not results. `with_entropy`: also entropy (nats)."""
     b_total, k, v = logits.shape
     tokens = torch.empty(b_total, k, dtype=torch.int64, device=logits.device)
     confidence = torch.empty(b_total, k, dtype=torch.float64, device=logits.device)
@@ -108,14 +89,8 @@ def propose(logits: torch.Tensor, temperature: list[float], generators: list[tor
 def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Tensor,
                   factor: torch.Tensor, fixed: torch.Tensor, entropy_bound: torch.Tensor | None = None,
                   entropy: torch.Tensor | None = None) -> torch.Tensor:
-    """How many masked positions each row commits this step (>= 1 while any is masked).
-
-    Per row exactly one rule applies: `fixed[b] >= 0` (fixed schedule), else `factor[b]` when
-    not NaN (Fast-dLLM factor rule: the n-th best passes if c_n >= 1 - f/(n+1); the longest
-    passing prefix is committed, exactly, not upstream's off-by-one), else `entropy_bound[b]`
-    when given and not NaN (entropy_bounded_counts over `entropy`), else `threshold[b]`
-    (every confidence >= threshold, at least the best one).
-    """
+    """Commits per row (>= 1 while any is masked): `fixed[b] >= 0`, else `factor[b]`, else `entropy_bound[b]` (NaN:
+    unset), else `threshold[b]`. The factor rule takes its longest passing prefix, without Fast-dLLM's off-by-one."""
     s = torch.where(masked, score, torch.full_like(score, float("-inf")))
     ranked, _ = torch.sort(s, dim=-1, descending=True)
     num_masked = masked.sum(dim=-1)
@@ -135,11 +110,7 @@ def commit_counts(score: torch.Tensor, masked: torch.Tensor, threshold: torch.Te
 
 def entropy_bounded_counts(score: torch.Tensor, entropy: torch.Tensor, masked: torch.Tensor,
                            bound: torch.Tensor) -> torch.Tensor:
-    """The EB-sampler rule (Ben-Hamu et al. 2025, arXiv 2505.24857): rank each row's masked
-    positions by score, best first (ties to the lower position, as select_commits), and commit
-    the longest prefix whose entropies summed, less their largest, stay <= bound[b]. The
-    first position always passes (its excess is 0); the excess never falls as the prefix
-    grows, so a larger bound never commits fewer."""
+    """EB-sampler (arXiv 2505.24857): the longest best-first prefix whose entropies, less the largest, sum <= bound."""
     s = torch.where(masked, score, torch.full_like(score, float("-inf")))
     order = torch.sort(s, dim=-1, descending=True, stable=True).indices
     h = torch.where(masked, entropy, torch.zeros_like(entropy)).gather(-1, order)
@@ -150,11 +121,7 @@ def entropy_bounded_counts(score: torch.Tensor, entropy: torch.Tensor, masked: t
 
 def first_position_only(score: torch.Tensor, count: torch.Tensor, first_only: torch.Tensor,
                         fixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast-dLLM's Dream block sampler at a block's full forward (rows with first_only[b]): the
-    block's first position commits whatever its confidence, because the cached steps that
-    follow feed the block from its start and cannot predict it. Under the adaptive rules it
-    commits alone; under fixed steps it is the first of that step's quota. Returns the
-    (score, count) that select_commits then uses."""
+    """Fast-dLLM's Dream rule at a full forward: the block's first position commits (cached steps cannot predict it)."""
     lead = torch.zeros_like(score, dtype=torch.bool)
     lead[:, 0] = True
     score = torch.where(first_only.unsqueeze(-1) & lead, torch.full_like(score, float("inf")), score)
@@ -163,10 +130,7 @@ def first_position_only(score: torch.Tensor, count: torch.Tensor, first_only: to
 
 
 def select_commits(score: torch.Tensor, masked: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Boolean [B, K]: the `count[b]` highest-scoring masked positions of each row.
-
-    Ties go to the lower position (stable sort), which keeps results reproducible.
-    """
+    """Boolean [B, K]: the `count[b]` best-scoring masked positions per row; ties go to the lower position."""
     s = torch.where(masked, score, torch.full_like(score, float("-inf")))
     order = torch.sort(s, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order)

@@ -21,8 +21,7 @@ from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
 from ..request.inputs import check_prompt_chars, check_request, input_chars, prompt_ids
 from ..scheduler.placement import worker_roles
-from ..cluster.planner import PlannerState, decide
-from ..cluster.regroup import Layout, plan_layout, run_regroup
+from ..cluster.layout import Layout
 from ..policy import make_policy
 from ..policy.base import DecodePolicy
 from ..costmodel.worker_speed import WorkerLoadModel
@@ -30,6 +29,7 @@ from ..request.state import GenerationOutput, RequestState
 from ..request.events import STREAM_NONE, StreamEvent
 from ..scheduler.request_table import Entry
 from .handle import RequestHandle
+from .regroups import ServerRegroups
 from ..scheduler.scheduler import Scheduler
 from .stats import EngineStats, snapshot
 from ..request.stream_buffer import StreamBuffer
@@ -64,8 +64,6 @@ class AsyncEngine:
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.devices = worker_devices(config.device, config.placement, len(self.roles),   # fails here, clearly
                                       config.tensor_parallel_size)
-        self.device_list = [d for devs in self.devices for d in devs]    # what a regroup divides
-        self.layout = Layout.of_degrees([config.tensor_parallel_size] * len(self.roles))
         self.heads = head_counts(cfg, config.model or str(self.path))
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
@@ -82,23 +80,27 @@ class AsyncEngine:
         self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
         self._watch_task: asyncio.Task | None = None
         self._death_reasons: dict[int, str] = {}     # why the watchdog killed a worker
-        self._regroup_lock = asyncio.Lock()
-        self._plan_task: asyncio.Task | None = None
-        self.planner = PlannerState()
+        self.regroups: ServerRegroups | None = None
+        self._ready = asyncio.Event()          # set once every worker is ready (a later restart leaves it set)
+        self._failed = asyncio.Event()
+        self._tick_due = False
 
     # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
         self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load,
-                                   defer=loop.call_soon)
+                                   batch_arrivals=True)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
                                loop, self._on_messages, self._on_death)
+        self.regroups = ServerRegroups(self.config, self.scheduler, self.pool, self.watchdog, self.roles,
+                                       self.devices, self.heads,
+                                       Layout.of_degrees([self.config.tensor_parallel_size] * len(self.roles)))
         self.pool.start_all()
-        ready = asyncio.ensure_future(self.scheduler.ready_event.wait())
-        failed = asyncio.ensure_future(self.scheduler.failed_event.wait())
+        ready = asyncio.ensure_future(self._ready.wait())
+        failed = asyncio.ensure_future(self._failed.wait())
         await asyncio.wait({ready, failed}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel(), failed.cancel()
-        if not self.scheduler.ready_event.is_set():
+        if not self._ready.is_set():
             self.pool.stop(timeout_s=5)
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
@@ -106,7 +108,7 @@ class AsyncEngine:
         if self.watchdog.timeout_s:
             self._watch_task = asyncio.ensure_future(self._watch())
         if self.config.reconfigure:
-            self._plan_task = asyncio.ensure_future(self._plan())
+            self.regroups.start_planner(lambda: not (self.draining or self.dead))
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
@@ -129,9 +131,10 @@ class AsyncEngine:
         and join every worker."""
         self.draining = True
         await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
-        for task in (self._watch_task, self._plan_task):
-            if task is not None:
-                task.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self.regroups is not None:
+            self.regroups.stop_planner()
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
@@ -143,7 +146,7 @@ class AsyncEngine:
 
     @property
     def is_ready(self) -> bool:
-        return self.scheduler is not None and self.scheduler.ready_event.is_set() and not self.dead
+        return self.scheduler is not None and self._ready.is_set() and not self.dead
 
     @property
     def is_healthy(self) -> bool:
@@ -165,36 +168,7 @@ class AsyncEngine:
         """Regroup the devices into instances of these tensor-parallel degrees while serving
         (cluster/regroup.py): instances that change drain at block boundaries, no request is lost
         or sees a different answer. Colocated placement and the mp backend only."""
-        if self.config.placement != "colocated" or self.config.distributed_executor_backend != "mp":
-            raise ValueError("reconfigure: only colocated placement with the mp backend regroups (disaggregated "
-                             "and hybrid hand KV between fixed workers; ray places its bundles at start)")
-        if not degrees or sum(degrees) != len(self.device_list):
-            raise ValueError(f"reconfigure: degrees {degrees} must add up to the {len(self.device_list)} devices")
-        for d in degrees:
-            self.config.replace(tensor_parallel_size=d).check_model_heads(*self.heads)
-        if self._regroup_lock.locked():
-            raise RuntimeError("reconfigure: a regroup is already running")
-        async with self._regroup_lock:
-            # one host (mp backend): its devices are one node for stage 2's aligned slots
-            target = plan_layout(self.layout, degrees, self.scheduler.requests, len(self.device_list))
-            result = await run_regroup(self, target, timeout_s)
-        log.info("regrouped into %s in %.2f s (drains: %s)", result["layout"], result["regroup_s"], result["drain_s"])
-        return result
-
-    async def _plan(self) -> None:
-        """The reconfiguration planner, every period (cluster/planner.py)."""
-        while True:
-            await asyncio.sleep(self.config.reconfigure_period_s)
-            if self.draining or self.dead or self._regroup_lock.locked():
-                continue
-            instances = {w: len(devs) for w, devs in enumerate(self.layout.instances) if devs}
-            try:
-                degrees = decide(self.config, self.policy, self.load, instances, self.heads, len(self.device_list),
-                                 list(self.policy.arrivals), time.monotonic(), self.planner)
-                if degrees is not None:
-                    await self.reconfigure(degrees)
-            except Exception:                 # a planner failure must not take the server down
-                log.exception("reconfiguration planner failed; the layout stays")
+        return await self.regroups.reconfigure(degrees, timeout_s)
 
     def set_policy(self, worker_id: int | None = None, **changes) -> None:
         """Change token_budget / max_active_decodes / credit_share of one worker (or all) while
@@ -207,7 +181,25 @@ class AsyncEngine:
 
     def _on_messages(self, wid: int, batch: list) -> None:
         self.watchdog.on_batch(wid, batch, time.monotonic())
-        self.scheduler.on_messages(wid, batch)
+        sched = self.scheduler
+        sched.on_messages(wid, batch)
+        if not self._ready.is_set():
+            if sched.is_ready:
+                self._ready.set()
+            elif sched.failure:
+                self._failed.set()
+        self._tick_soon()
+
+    def _tick_soon(self) -> None:
+        """The scheduler's tick once at the end of this loop turn, however many arrivals and
+        worker batches the turn brought."""
+        if not self._tick_due and self.scheduler.has_tick_work:
+            self._tick_due = True
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self._tick_due = False
+        self.scheduler.tick()
 
     async def _watch(self) -> None:
         """Kill a worker that owes a report for longer than worker_stall_timeout_s; its death
@@ -227,8 +219,9 @@ class AsyncEngine:
     def _on_death(self, wid: int, exitcode) -> None:
         reason = self._death_reasons.pop(wid, None) or f"worker {wid} died (exit code {exitcode})"
         log.error(reason)
-        if not self.scheduler.ready_event.is_set():
-            self.scheduler.startup_failed(reason)
+        if not self._ready.is_set():
+            self.scheduler.failure = self.scheduler.failure or reason
+            self._failed.set()
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart(wid)
@@ -306,6 +299,7 @@ class AsyncEngine:
         events = StreamBuffer(self.config.stream_buffer_events, lambda: self._overflowed(rid))
         entry = Entry(state, events, stream, time.monotonic())
         self.scheduler.add(entry)
+        self._tick_soon()
         return RequestHandle(entry, self.abort)
 
     def abort(self, request_id: str) -> None:

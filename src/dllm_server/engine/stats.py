@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..config import WorkerPolicy
 from ..messages import RowInvariance
+from ..scheduler.counters import Counters
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,6 @@
-"""The channels between the front and a worker: two transports behind one small interface (the
-worker reads an inbox with get / get_nowait and puts batches to an outbox; the front sends to
-the inbox and gets batches, EOFError once the worker is gone), chosen at construction.
-
-Pipes (workers the front spawns itself, executor/worker_pool.py): the inbox is an mp.Queue, the
-outbox a one-way pipe the worker's loop writes synchronously.
-
-mp.Queue hands every put to a feeder thread in the writing process; at batch 1 the GIL handoffs
-between a worker's loop and that thread (on the put's notify and on the next inbox poll) took
-about 17 % of the worker's time (py-spy). With this pipe and the reader's SCHED_BATCH
-(executor/worker_pool.py) the served path's extra cost per step fell from 0.75 to 0.49 ms
-(docs/benchmarks.md §8).
-Here the loop pickles (a few hundred bytes per step) and writes itself. Serialisation is
-mp.Queue's (ForkingPickler: tensors travel as shared memory). The front closes its copy of the
-write end once the worker runs, so a worker's death (even mid-message) ends the reader's read.
-"""
+"""Front <-> worker channels: pipes for workers the front spawns, a TCP socket for the others. Either way the
+worker reads an inbox (get / get_nowait) and puts batches to an outbox; the front's get raises EOFError once
+the worker is gone."""
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +20,8 @@ PIPE_BYTES = 1 << 20
 
 
 class OutboxWriter:
-    """The worker's end (picklable: it travels to the spawned process)."""
+    """The worker's end of the pipe; the loop pickles and writes itself (no mp.Queue feeder thread and its
+    GIL handoffs: docs/benchmarks.md §8). ForkingPickler: tensors travel as shared memory."""
 
     def __init__(self, conn):
         self.conn = conn
@@ -43,7 +31,8 @@ class OutboxWriter:
 
 
 class Outbox:
-    """The front's end; `writer` goes to the worker process."""
+    """The front's end; `writer` goes to the worker process, and the front closes its own copy once the worker
+    runs, so the worker's death (even mid-message) ends the read."""
 
     def __init__(self, ctx):
         self._conn, w = ctx.Pipe(duplex=False)
@@ -52,7 +41,6 @@ class Outbox:
         self.writer = OutboxWriter(w)
 
     def close_writer(self) -> None:
-        """Once the worker holds its own copy (after Process.start)."""
         self.writer.conn.close()
 
     def get(self, timeout: float) -> list:
@@ -62,15 +50,8 @@ class Outbox:
         return ForkingPickler.loads(self._conn.recv_bytes())
 
 
-# ---------------------------------------------------------------- the socket transport (other nodes)
-#
-# For workers the front did not spawn itself (Ray actors, maybe on other machines): one duplex TCP
-# connection per worker, the stdlib's multiprocessing.connection (length-prefixed frames, an HMAC
-# challenge with a per-server key, so only the server's own workers connect). Chosen over ZMQ
-# because a dead peer must end the reader's read: a closed TCP connection raises EOFError at once,
-# as the pipe does, while ZMQ reconnects and queues silently and would need a heartbeat protocol
-# of its own. Plain pickle (tensors travel by value: there is no shared memory across nodes).
-
+# The socket transport: one duplex TCP connection per worker (multiprocessing.connection, HMAC-authenticated
+# with a per-server key). Not ZMQ: a dead peer must end the reader's read, and ZMQ reconnects and queues silently.
 
 
 def no_delay(conn) -> None:
@@ -82,11 +63,8 @@ def no_delay(conn) -> None:
 
 
 class SocketHub:
-    """The front's listening socket: every worker connects once and names itself.
-
-    Each connection's handshake (the HMAC challenge both ways, then the worker's key) runs in a
-    thread of its own under HANDSHAKE_S: a stranger on the port that sends nothing, the wrong key
-    or garbage is dropped and never holds up the next worker's connection."""
+    """The front's listening socket: every worker connects once and names itself. Each handshake runs in its
+    own thread under HANDSHAKE_S, so a stranger that sends nothing never holds up the next worker."""
 
     HANDSHAKE_S = 10.0
 
@@ -110,7 +88,7 @@ class SocketHub:
             try:
                 sock, _ = self.listener.accept()
             except OSError:
-                continue                 # closed (the loop ends), or a connection reset before accept
+                continue
             threading.Thread(target=self._handshake, args=(sock,), name="dllm-socket-handshake",
                              daemon=True).start()
 
@@ -120,15 +98,15 @@ class SocketHub:
         timer = threading.Timer(self.HANDSHAKE_S, _shutdown, (sock,))   # wakes a read that waits forever
         timer.start()
         try:
-            deliver_challenge(conn, self.authkey)     # what Listener.accept does, here under a deadline
+            deliver_challenge(conn, self.authkey)
             answer_challenge(conn, self.authkey)
             key = conn.recv_bytes(256).decode()
         except (OSError, EOFError, ValueError, AuthenticationError):
-            conn.close()                 # a stranger, a wrong key, a worker that died connecting
+            conn.close()
             return
         finally:
             timer.cancel()
-            sock.close()                 # the duplicate; the connection keeps its own descriptor
+            sock.close()
         with self._lock:
             ch = self._channels.pop(key, None)
         if ch is None:
@@ -162,7 +140,7 @@ class SocketEnds:
 
 
 class SocketInbox:
-    """The worker's inbox: mp.Queue's get / get_nowait (queue.Empty when nothing waits)."""
+    """The worker's inbox, with mp.Queue's get / get_nowait. Plain pickle: no shared memory across nodes."""
 
     def __init__(self, conn):
         self.conn = conn
@@ -177,8 +155,6 @@ class SocketInbox:
 
 
 class SocketOutbox:
-    """The worker's outbox: one frame per batch."""
-
     def __init__(self, conn):
         self.conn = conn
         self.lock = threading.Lock()
@@ -190,9 +166,7 @@ class SocketOutbox:
 
 
 class SocketChannel:
-    """The front's end of one worker's connection: `send` a message to its inbox, `get` its next
-    batch (queue.Empty after `timeout`; EOFError once it is gone). Until the worker has connected
-    (its process starting), `get` waits and `send` holds the messages."""
+    """The front's end of one worker's connection; until the worker connects, `get` waits and `send` holds."""
 
     def __init__(self, ends: SocketEnds):
         self.ends = ends

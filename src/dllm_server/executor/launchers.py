@@ -1,16 +1,5 @@
-"""How a worker process is started, placed and watched: the launch backend WorkerPool is given
-(`--distributed-executor-backend`, vLLM's name). The pool keeps its job (channels, readers,
-deaths, restarts); a launcher only creates processes and says when one has ended.
-
-- `MpLauncher` (default): local subprocesses (torch.multiprocessing, spawn), the pipe channel,
-  liveness from the process sentinels, rendezvous on 127.0.0.1.
-- `RayLauncher`: Ray actors (executor/ray_actor.py) in placement groups on a running Ray cluster,
-  maybe on other nodes: the socket channel (executor/channel.py), liveness from each actor's long-running
-  `run` call, rendezvous at the IP of the rank-0 actor's node. Ray places and starts processes;
-  no per-iteration message goes through a Ray call.
-
-This module and executor/worker_pool.py are the front's seams to worker/ (the entries they start).
-"""
+"""Launch backends (`--distributed-executor-backend`): local subprocesses (mp) or Ray actors (ray). A launcher
+only creates, places and watches processes; channels, deaths and restarts are WorkerPool's."""
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +28,7 @@ class PipeChannel:
         return self.inbox, self.outbox.writer
 
     def started(self) -> None:
-        self.outbox.close_writer()       # the worker holds its own copy: its death ends our reads
+        self.outbox.close_writer()
 
     def send(self, msg) -> None:
         self.inbox.put(msg)
@@ -116,7 +105,7 @@ class RayHandle:
             return True
         try:
             done, _ = ray.wait([self.ref], timeout=0)
-        except Exception:              # no Ray connection any more: nothing of ours runs
+        except Exception:              # no Ray connection: nothing of ours runs
             return False
         return not done
 
@@ -132,11 +121,8 @@ class RayHandle:
 
 
 class RayLauncher:
-    """Workers as Ray actors: one bundle per process ({CPU: threads}, plus a GPU on CUDA). With
-    tensor_parallel_size 1 one placement group holds every worker with `ray_placement_strategy`
-    (PACK by default; SPREAD or STRICT_SPREAD put the workers, and so prefill and decode roles, on
-    different nodes); with d > 1 each instance gets its own STRICT_PACK group, so its ranks share
-    a node (their all-reduces never cross one)."""
+    """Workers as Ray actors, one bundle per process. With tensor parallelism each instance gets its own
+    STRICT_PACK group, so its all-reduces never cross nodes."""
     name = "ray"
 
     def __init__(self, config, num_workers: int, tp: int, num_threads: int, use_gpu: bool):
@@ -183,7 +169,7 @@ class RayLauncher:
         return RayHandle(actor, pid, node_ip, port)
 
     def rendezvous(self, handle: RayHandle) -> tuple[str, int]:
-        """The store lives in rank 0's process: its node's IP (every node reaches it), not 127.0.0.1."""
+        """Rank 0's node IP, not 127.0.0.1: every node must reach the store."""
         return handle.node_ip, handle.port
 
     def run(self, handle: RayHandle, spec, config, channel) -> None:
@@ -194,7 +180,7 @@ class RayLauncher:
         try:
             if refs:
                 self.ray.wait(refs, num_returns=1)
-        except Exception:              # Ray itself went away (shutdown): as good as every actor
+        except Exception:              # Ray itself went away: as good as every actor dying
             for h in handles:
                 h.exitcode = 1 if h.exitcode is None else h.exitcode
             return

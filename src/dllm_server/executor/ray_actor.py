@@ -1,10 +1,5 @@
-"""A worker process as a Ray actor (`--distributed-executor-backend ray`): the same worker_main
-loop, started by a long-running `run` call whose end is the front's sign of the actor's death.
-
-Ray only places and starts the process; every per-iteration message goes over the socket
-transport (executor/channel.py: a Ray call costs ~0.7-1.3 ms against ~0.13 ms for a socket here), and KV
-and tensor-parallel traffic over torch.distributed, at an address of rank 0's node.
-"""
+"""A worker process as a Ray actor: worker_main under a long-running `run` call whose end signals its death.
+Per-iteration messages use the socket channel, never Ray calls (too slow: docs/multinode.md)."""
 from __future__ import annotations
 
 import os
@@ -20,8 +15,7 @@ class WorkerActor:
     """Wrapped by ray.remote at launch (executor/launchers.py), so this module needs no Ray."""
 
     def where(self) -> tuple[str, int, int]:
-        """(this node's IP as Ray sees it, a free TCP port on it, the process id): a
-        torch.distributed rendezvous that every node can reach, when this rank leads one."""
+        """(node IP, a free TCP port, pid): a torch.distributed rendezvous every node can reach."""
         import ray
         with socket.socket() as s:
             s.bind(("", 0))

@@ -1,10 +1,5 @@
-"""The worker watchdog: notices a worker that owes the front a report and sends none (a forward
-that never returns, a wedged device), so the engine can treat it like a dead one.
-
-A worker reports after every loop turn that handled a message or did work, and at least once a
-second while it has work (executor/worker_main.py), so a report is owed while messages sent to it are
-unhandled or its last report said work remains. Pure bookkeeping fed by the engine with what
-it sent and received and the time; it kills nothing itself."""
+"""Finds workers that owe a report and send none (a hung forward, a wedged device). Pure bookkeeping: a report
+is owed while sent messages are unhandled or the last report said work remains; it kills nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,15 +9,15 @@ from ..messages import LoadReport
 
 @dataclass(slots=True)
 class _Track:
-    sent: int = 0                       # inbox messages sent to the current process
-    handled: int = 0                    # of them, handled as of its latest report
-    busy: bool = False                  # its latest report said work remains
-    owed_since: float | None = None     # since when a report is owed and none came (None: none owed)
+    sent: int = 0
+    handled: int = 0
+    busy: bool = False
+    owed_since: float | None = None     # None: no report owed
 
 
 class Watchdog:
     def __init__(self, num_workers: int, timeout_s: float):
-        self.timeout_s = timeout_s          # 0: never reports a worker
+        self.timeout_s = timeout_s          # 0: off
         self.tracks = [_Track() for _ in range(num_workers)]
 
     def on_sent(self, wid: int, now: float) -> None:
@@ -32,7 +27,6 @@ class Watchdog:
             t.owed_since = now
 
     def on_batch(self, wid: int, batch: list, now: float) -> None:
-        """Anything from the worker is progress; its last LoadReport says whether more is owed."""
         t = self.tracks[wid]
         report = next((m for m in reversed(batch) if isinstance(m, LoadReport)), None)
         if report is not None:
@@ -47,7 +41,6 @@ class Watchdog:
         self.tracks[wid] = _Track()
 
     def stuck(self, now: float) -> list[int]:
-        """Workers that have owed a report for longer than the timeout."""
         if not self.timeout_s:
             return []
         return [wid for wid, t in enumerate(self.tracks)

@@ -1,8 +1,5 @@
-"""Worker process entry: build the core, say WorkerReady, then pump: take what the inbox holds and
-take one turn with it (worker/turn.py: one dispatch per message, finished KV transfers, an
-iteration when there is work), then send the turn's messages in one put. Policy lives in the core.
-A tensor-parallel follower (rank > 0 of an instance) instead builds its shard and runs the
-forwards its leader's plans describe (worker/tp.py); it has no inbox or outbox."""
+"""Worker process entry: build the core, send WorkerReady, then pump inbox -> one turn -> one outbox put.
+A tensor-parallel follower (rank > 0) has no inbox or outbox: it runs its leader's plans (worker/tp.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +34,7 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = _die_with_parent()
-    # A spawned process starts with logging unconfigured, which drops INFO (the CUDA graph
-    # capture summary) from the server's log; same format as the front's.
+    # A spawned process starts with logging unconfigured, which would drop INFO lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if spec.tp_rank > 0:
@@ -56,9 +52,8 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
 
 
 def _die_with_parent() -> int:
-    """Ask the kernel to SIGKILL us when the front process dies (Linux), even in the middle of a
-    forward: a SIGKILLed front cannot stop us and must not leave a worker holding a device.
-    Returns the parent's pid; the pump also compares it every turn (other platforms)."""
+    """SIGKILL us when the front dies (Linux), even mid-forward: a killed front must not leave a worker
+    holding a device. Returns the parent's pid, which the pump checks every turn (other platforms)."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
@@ -79,7 +74,7 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
     if device.type == "cpu":
-        bound_kernel_caches(config.cpu_kernel_cache_entries)   # before the first forward
+        bound_kernel_caches(config.cpu_kernel_cache_entries)
         hold_freed_memory(config.malloc_hold_mb)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -107,7 +102,6 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
 
 
 def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
-    """A tensor-parallel follower: this rank's shard and KV heads, the leader's plans."""
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
     if device.type == "cpu":
@@ -128,15 +122,14 @@ def _pump(spec: WorkerSpec, config: WorkerConfig, core, inbox, outbox, parent: i
     last_put = time.perf_counter()
     while True:
         turn_start = time.perf_counter()
-        if os.getppid() != parent:    # the front died without stopping us (a cheap syscall per turn)
+        if os.getppid() != parent:
             return
         idle = not core.has_work and not core.transfers_pending
-        trim.turn(busy=not idle)           # just gone idle: hand freed heap back (bounded RSS)
+        trim.turn(busy=not idle)
         msgs = _drain(inbox, timeout=0.05 if idle else (0.001 if not core.has_work else 0.0))
         handled += len(msgs)
-        # Every turn that took a message reports, and a worker with work (even one stalled for
-        # pages) reports at least every HEARTBEAT_S: the front's watchdog counts on both. The
-        # turn's time covers inbox, step and building the batch; the put is the last act.
+        # Every turn that took a message reports, and a worker with work at least every HEARTBEAT_S:
+        # the front's watchdog counts on both.
         turn = take_turn(core, msgs, spec.worker_id, iterations, lambda _: time.perf_counter() - turn_start,
                          handled, heartbeat=turn_start - last_put > HEARTBEAT_S)
         if turn is None:

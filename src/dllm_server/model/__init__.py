@@ -1,1 +1,1 @@
-"""Model code: LLaDA and Dream architectures, loading HF checkpoint folders, tiny checkpoints."""
+"""Model code: LLaDA, Dream and SDAR architectures, attention backends, HF checkpoint loading, tiny checkpoints."""

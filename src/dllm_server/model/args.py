@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ModelArgs:
-    arch: str                 # "llada" | "dream" | "sdar"
+    arch: str
     hidden: int
     num_layers: int
     num_heads: int
@@ -22,8 +22,8 @@ class ModelArgs:
     tie_embeddings: bool
     qkv_bias: bool
     logit_shift: int          # 0: logits[i] predicts token i (LLaDA); 1: token i from i-1 (Dream)
-    tp_size: int = 1          # tensor-parallel degree of the instance this rank belongs to (model/tp.py)
-    explicit_head_dim: int = 0  # config's head_dim where it is not hidden // num_heads (Qwen3, SDAR); 0: derived
+    tp_size: int = 1
+    explicit_head_dim: int = 0
     block_size: int = 0       # > 0: block-causal attention on blocks of this width from position 0 (SDAR)
 
     @property
@@ -32,7 +32,6 @@ class ModelArgs:
 
     @property
     def local_heads(self) -> int:
-        """Query heads on one tensor-parallel rank (its KV pool and attention)."""
         return self.num_heads // self.tp_size
 
     @property

@@ -1,18 +1,7 @@
-"""Attention over a packed batch of sequences, each with its own paged KV.
-
-Every sequence in a forward feeds a contiguous range of canvas positions [pos_start,
-pos_start + q_len); their fresh K/V are written into the sequence's cache slots first, then
-the queries attend over the sequence's whole canvas [0, kv_len). That one rule covers the full
-(re-)prefill (range = whole canvas), the dual-cache block step (range = block), the prefix-cache
-step (range = block + suffix) and the no-cache reference (range = whole canvas every step).
-
-Block-causal models (SDAR) set `block_size` B > 0: blocks of B positions on the absolute grid
-from canvas position 0, a query at p sees key k iff k // B <= p // B (bidirectional inside a
-block, causal across blocks). With B = 0 (LLaDA, Dream) no mask is built at all.
-
-Backends: paged SDPA (CPU and GPU fallback) and the padded decode-only form (CUDA graphs) here;
-FlashInfer in flashinfer_backend.py; the choice between them in backends.py.
-"""
+"""Attention over a packed batch of sequences with paged KV. Each sequence feeds canvas positions [pos_start,
+pos_start + q_len), writes their K/V to its cache slots, then attends over keys [0, kv_len): one rule for prefill,
+block steps with dual or prefix cache, and the no-cache reference. `block_size` B > 0 (SDAR): a query at p sees key k
+iff k // B <= p // B; B = 0 builds no mask."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +15,9 @@ import torch.nn.functional as F
 class SeqSpan:
     """One sequence of a packed forward."""
     q_start: int           # offset of its first query row in the packed token stream
-    q_len: int             # number of fed tokens
-    pos_start: int         # absolute canvas position of the first fed token
-    kv_len: int            # canvas length: keys [0, kv_len) are attended
+    q_len: int
+    pos_start: int
+    kv_len: int
     slot_base: int         # >= 0: the canvas lives in contiguous slots [base, base + kv_len)
     slot_ids: torch.Tensor | None  # otherwise the slot of every canvas position (int64 [kv_len])
     pages: list[int] | None = None # its pages in canvas order, when known on the host (FlashInfer plan)
@@ -39,35 +28,31 @@ AttentionFn = Callable[..., torch.Tensor]   # (q, k, v, layer_kv, batch) -> out,
 
 @dataclass(slots=True)
 class AttentionBatch:
-    """Per-forward attention metadata, built by the runner alone; `backend` is the attention
-    implementation every layer calls for this forward (select_backend)."""
+    """Per-forward attention metadata; `backend` is what every layer calls (select_backend)."""
     seqs: list[SeqSpan]
     causal: bool = False   # test-only oracle: query at p sees keys <= p
     backend: AttentionFn | None = None
-    layer_done: Callable[[LayerKV], None] | None = None   # after each layer (streamed KV sends)
-    fed_slots: torch.Tensor | None = None   # int64 [T]: cache slot of every packed fed token (one write)
-    block_size: int = 0    # > 0: block-causal (module docstring); `causal` takes precedence
+    layer_done: Callable[[LayerKV], None] | None = None
+    fed_slots: torch.Tensor | None = None   # int64 [T]: cache slot of every packed fed token
+    block_size: int = 0
 
 
 @dataclass(slots=True)
 class DenseBatch:
-    """No cache: `num_seqs` whole sequences of equal length, packed back to back (training and
-    reference forwards). One batched SDPA call instead of a loop over sequences."""
+    """No cache: `num_seqs` equal-length sequences packed back to back (training and reference forwards)."""
     num_seqs: int
     causal: bool = False
-    block_size: int = 0    # > 0: block-causal over positions 0.. of each sequence; `causal` takes precedence
+    block_size: int = 0
 
 
 @dataclass(slots=True)
 class PaddedBatch:
-    """Decode-only, fixed-shape: `num_seqs` sequences each feeding `q_len` tokens, keys padded to
-    one length. Only tensors, no per-sequence host control flow, so the forward can be captured
-    as a CUDA graph and replayed with new contents (worker/cuda_graph.py)."""
+    """Decode-only: fixed shapes, no host control flow, so a CUDA graph can capture it (worker/cuda_graph.py)."""
     num_seqs: int
     q_len: int
     write_slots: torch.Tensor   # int64 [num_seqs * q_len]: cache slot of every fed token
     kv_slots: torch.Tensor      # int64 [num_seqs, K]: cache slot of every key (padding: a scratch slot)
-    kv_valid: torch.Tensor      # bool [num_seqs, K]
+    kv_valid: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -92,8 +77,7 @@ def _read(cache: torch.Tensor, seq: SeqSpan) -> torch.Tensor:
 
 def block_causal_mask(pos_start: int, q_len: int, kv_len: int, block_size: int,
                       device: torch.device) -> torch.Tensor:
-    """bool [q_len, kv_len]: queries at [pos_start, pos_start + q_len) against keys [0, kv_len),
-    True where k // B <= p // B."""
+    """bool [q_len, kv_len]: may the query at pos_start + i see key j."""
     qblock = torch.arange(pos_start, pos_start + q_len, device=device).div_(block_size, rounding_mode="floor")
     kblock = torch.arange(kv_len, device=device).div_(block_size, rounding_mode="floor")
     return kblock.unsqueeze(0) <= qblock.unsqueeze(1)
@@ -138,15 +122,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
                    batch: AttentionBatch) -> torch.Tensor:
-    """The paged SDPA backend: write each sequence's fresh K/V, attend over its whole canvas, one
-    SDPA call per sequence (a padded batch, keys gathered to one length, measured 1.5-3x slower
-    on CPU: bench/attention.py)."""
+    """The paged SDPA backend: one call per sequence, faster on CPU than padding keys (docs/benchmarks.md §8)."""
     out = torch.empty_like(q)
     write_fresh_kv(kv, batch, k, v)
     for seq in batch.seqs:
         rows = slice(seq.q_start, seq.q_start + seq.q_len)
         if seq.pos_start == 0 and seq.q_len == seq.kv_len:
-            keys, values = k[rows], v[rows]          # full canvas fed: no need to read back
+            keys, values = k[rows], v[rows]
         else:
             keys, values = _read(kv.k, seq), _read(kv.v, seq)
         mask = None
@@ -164,7 +146,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerK
 
 def write_fresh_kv(kv: LayerKV, batch: AttentionBatch, k: torch.Tensor, v: torch.Tensor) -> None:
     """Store every sequence's fed K/V in its cache slots (what each backend does first)."""
-    if batch.fed_slots is not None:       # one scatter per layer instead of two per sequence
+    if batch.fed_slots is not None:
         kv.k.index_copy_(0, batch.fed_slots, k)
         kv.v.index_copy_(0, batch.fed_slots, v)
         return

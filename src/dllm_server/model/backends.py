@@ -1,5 +1,4 @@
-"""Attention backend selection: SDPA everywhere, FlashInfer on CUDA when installed (a module of
-its own so attention.py, which the FlashInfer backend builds on, does not import it back)."""
+"""Attention backend choice, apart from attention.py so that flashinfer_backend.py can build on attention.py."""
 from __future__ import annotations
 
 import logging
@@ -12,9 +11,7 @@ log = logging.getLogger(__name__)
 
 
 def select_backend(name: str, device: torch.device, **shape) -> AttentionFn:
-    """`sdpa` (everywhere) or `flashinfer` (CUDA with flashinfer installed; opt-in until it has
-    been validated on a GPU, issue 8). Without CUDA or without the package, flashinfer falls
-    back to SDPA with a warning, so one configuration runs everywhere."""
+    """`sdpa`, or `flashinfer` on CUDA with the package installed; otherwise SDPA with a warning."""
     if name == "sdpa":
         return sdpa_attention
     if name != "flashinfer":
@@ -23,7 +20,7 @@ def select_backend(name: str, device: torch.device, **shape) -> AttentionFn:
         log.warning("attention_backend flashinfer needs a CUDA device; using SDPA on %s", device)
         return sdpa_attention
     try:
-        from .flashinfer_backend import FlashInferAttention    # imports flashinfer itself lazily
+        from .flashinfer_backend import FlashInferAttention
         return FlashInferAttention(device, **shape)
     except ImportError as exc:
         log.warning("attention_backend flashinfer: %s; using SDPA (pip install flashinfer-python)", exc)

@@ -1,8 +1,5 @@
-"""Dream (`DreamModel`): Qwen2 with the causal mask removed, QKV bias, GQA.
-
-Parameter names follow the HF checkpoint (`model.layers.{i}.self_attn.q_proj.weight`, ...).
-Logits are shifted: token i is predicted from the hidden state at i-1 (ModelArgs.logit_shift).
-"""
+"""Dream (`DreamModel`): Qwen2 without the causal mask, QKV bias, GQA, HF parameter names.
+Logits are shifted: token i is predicted from the hidden state at i-1."""
 from __future__ import annotations
 
 import torch
@@ -73,7 +70,7 @@ class DreamLayer(nn.Module):
 
 
 class DreamModel(nn.Module):
-    attention: type = DreamAttention     # the Qwen layout's skeleton: SDAR (model/sdar.py) swaps in its own
+    attention: type = DreamAttention     # SDAR (model/sdar.py) swaps in its own
 
     def __init__(self, a: ModelArgs):
         super().__init__()
@@ -93,7 +90,7 @@ class DreamModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
                 kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
-        """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
+        """Packed forward; logits only for `logits_rows` of the packed stream."""
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions, h.dtype)
         for layer, layer_kv in zip(self.model.layers, kv or [None] * self.args.num_layers):

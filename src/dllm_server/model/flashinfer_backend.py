@@ -1,11 +1,5 @@
-"""FlashInfer paged attention (CUDA only; opt-in with `--attention-backend flashinfer`).
-
-One non-causal `BatchPrefillWithPagedKVCacheWrapper` call per layer covers a whole packed
-iteration: ragged query lengths let prefills and block decodes share it. The plan is built once
-per forward (first layer) from the same SeqSpans the SDPA backend uses; fresh K/V are written
-into the pool first, exactly as in sdpa_attention. NOT YET RUN ON A GPU: validate with
-`python bench/gpu.py` (it compares FlashInfer with SDPA) before relying on it (issue 8).
-"""
+"""FlashInfer paged attention (CUDA, `--attention-backend flashinfer`): one non-causal batch-prefill call per layer
+covers a packed iteration, planned once per forward. `python bench/gpu.py` checks it against SDPA (docs/gpu.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,10 +11,11 @@ from .attention import AttentionBatch, LayerKV, SeqSpan, write_fresh_kv
 
 @dataclass(frozen=True, slots=True)
 class PagedMetadata:
-    qo_indptr: list[int]        # query rows of sequence i: [qo_indptr[i], qo_indptr[i+1])
-    kv_indptr: list[int]        # its pages: page_ids[kv_indptr[i]: kv_indptr[i+1]]
+    """Sequence i: query rows [qo_indptr[i], qo_indptr[i+1]), pages page_ids[kv_indptr[i]: kv_indptr[i+1]]."""
+    qo_indptr: list[int]
+    kv_indptr: list[int]
     page_ids: list[int]
-    last_page_len: list[int]    # tokens used in each sequence's last page
+    last_page_len: list[int]
 
 
 def paged_metadata(seqs: list[SeqSpan], page_size: int) -> PagedMetadata:
@@ -57,8 +52,7 @@ class FlashInferAttention:
         m = paged_metadata(batch.seqs, self.page_size)
         host = lambda x: torch.tensor(x, dtype=torch.int32)   # noqa: E731
         h, hkv, d = self.shape
-        # The indptrs and last-page lengths on the host (the planner schedules from them without
-        # reading the device, as vLLM passes them); the page ids go to the device.
+        # Indptrs stay on the host: the planner schedules from them without a device read (as vLLM does).
         self.wrapper.plan(host(m.qo_indptr), host(m.kv_indptr), host(m.page_ids).to(self.device),
                           host(m.last_page_len), h, hkv, d, self.page_size, causal=batch.causal,
                           q_data_type=self.dtype, kv_data_type=self.dtype)
@@ -66,7 +60,7 @@ class FlashInferAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV,
                  batch: AttentionBatch) -> torch.Tensor:
-        if self._planned is not batch:      # once per forward: every layer shares the plan
+        if self._planned is not batch:
             self._plan(batch)
         write_fresh_kv(kv, batch, k, v)
         _, hkv, d = self.shape

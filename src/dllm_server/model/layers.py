@@ -1,14 +1,5 @@
-"""Building blocks shared by both architectures: RMSNorm, rotary embedding, SwiGLU, and the
-projections fused at load time.
-
-Rotary is the rotate-half form used by LLaDA and Qwen2/Dream. Keys are stored in the KV cache
-after rotation, which is equivalent to Fast-dLLM's pre-rotary cache because a key's rotation
-depends only on its absolute canvas position.
-
-Fusing (serving only; training and checkpoints keep the HF names): Q, K and V become one
-matmul, gate and up another, so a layer runs 4 matmuls instead of 7 and rotates Q and K in one
-elementwise pass.
-"""
+"""Shared layers: RMSNorm, rotate-half rotary, SwiGLU, and serving-only fusion of Q|K|V and gate|up into single matmuls.
+Keys are cached after rotation: equivalent to Fast-dLLM's pre-rotary cache, as rotation depends only on position."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +16,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:   # one kernel, same bits
             return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
-        # Normalise in float32 like the reference implementations, then return to the input dtype.
+        # float32 like the reference implementations
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return (y * self.weight.float()).to(x.dtype)
 
@@ -39,19 +30,17 @@ class Rotary(nn.Module):
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos().float(), persistent=False)
-        # rotate_half's sign folded into the table: (-x2) * s == x2 * (-s) exactly, one pass fewer
+        # rotate_half's sign folded into the table: (-x2) * s == x2 * (-s) exactly
         sin = emb.sin().float()
         self.register_buffer("sin", torch.cat([-sin[:, : head_dim // 2], sin[:, head_dim // 2:]], -1),
                              persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, 1, head_dim] tables for packed tokens at absolute `positions` (sin signed: apply_rotary)."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
 def residual(y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """h + y, in place on the fresh output y when both have one dtype (the same bits: a + b == b + a);
-    out of place when they differ (bf16 autocast in training: the sum stays in h's wider dtype)."""
+    """h + y, in place on the fresh y when dtypes match; else out of place in h's wider dtype (bf16 autocast)."""
     return y.add_(h) if y.dtype == h.dtype else h + y
 
 
@@ -59,16 +48,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x [T, heads, head_dim]; `sin` carries rotate_half's sign (Rotary.tables)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-    return rotated.mul_(sin).add_(x * cos)     # in place on the fresh buffer: two passes fewer, same bits
+    return rotated.mul_(sin).add_(x * cos)
 
 
 class ServingLinear(nn.Module):
-    """One or more Linears side by side (outputs concatenated), as x @ W^T with W^T stored
-    contiguous. At the few-row shapes of block steps (8-64 rows) MKL ran this 10-80 % faster than
-    F.linear's transposed weight here (docs/benchmarks.md §8). Whether a row's result depends on how
-    many rows the call has (batch invariance) is the kernel's affair and differs by shape and CPU:
-    worker/determinism.py measures it; `fixed_rows` > 0 forces it by running every call as matmuls
-    of exactly that many rows (the last one zero-padded). Serving only: no grad."""
+    """Linears side by side as x @ W^T, W^T contiguous (faster at block-step rows: docs/benchmarks.md §8). `fixed_rows`
+    > 0 runs every call as matmuls of exactly that many rows, forcing batch invariance (worker/determinism.py)."""
 
     def __init__(self, *linears: nn.Linear, rows: int | None = None):
         super().__init__()
@@ -82,7 +67,6 @@ class ServingLinear(nn.Module):
         return self.matmul(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ W^T (+ bias): the projection's local product (worker/determinism.py checks this)."""
         if self.fixed_rows and x.shape[0] != self.fixed_rows:
             return self._fixed(x)
         return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
@@ -101,8 +85,7 @@ class ServingLinear(nn.Module):
 
 
 class ReducedLinear(ServingLinear):
-    """A tensor-parallel rank's share of a projection split by input columns (model/tp.py): its
-    product is a partial sum, summed in place over the instance's ranks, then the bias, once."""
+    """A tensor-parallel rank's input columns of a projection: partial product all-reduced in place, then the bias."""
 
     def __init__(self, linear: nn.Linear, reduce):
         super().__init__(linear)
@@ -116,14 +99,12 @@ class ReducedLinear(ServingLinear):
 
 
 class Projections(nn.Module):
-    """Q/K/V (with rotary) and the gated MLP of one layer, by their checkpoint names until
-    `fuse` joins them (and makes every projection a ServingLinear). Subclasses name the modules;
-    `names` maps roles (q, k, v, o, gate, up, down) to attributes."""
+    """Q/K/V with rotary and the gated MLP of a layer; `names` maps roles (q, k, v, o, gate, up, down) to attributes."""
     names: dict[str, str] = {}
 
     def init_projections(self, shape: tuple[int, int, int] | None = None) -> None:
         self.shape = shape            # (heads, kv heads, head dim): layers with q/k/v only
-        self.reduce = None            # tensor parallel: the all-reduce after o / down (model/tp.py)
+        self.reduce = None            # tensor parallel: the all-reduce after o / down
         self.qkv: ServingLinear | None = None
         self.gate_up: ServingLinear | None = None
 
@@ -164,7 +145,7 @@ class Projections(nn.Module):
 
 
 def fuse_layers(model: nn.Module) -> None:
-    """Every layer's projections fused (Projections.fuse); the caller handles its head."""
+    """Fuse every layer's projections; the caller handles its head."""
     for m in list(model.modules()):
         if isinstance(m, Projections):
             m.fuse()

@@ -1,8 +1,4 @@
-"""LLaDA (`LLaDAModelLM`, model_type "llada"): a LLaMA-style transformer without a causal mask.
-
-Parameter names follow the HF checkpoint (`model.transformer.blocks.{i}.q_proj.weight`, ...),
-so loading is a strict `load_state_dict`. logits[i] predicts token i.
-"""
+"""LLaDA (`LLaDAModelLM`): a LLaMA-style transformer without a causal mask, HF parameter names; logits[i] predicts i."""
 from __future__ import annotations
 
 import torch
@@ -40,7 +36,7 @@ class LLaDABlock(Projections):
         self.v_proj = nn.Linear(a.hidden, kv_dim, bias=a.qkv_bias)
         self.attn_out = nn.Linear(a.hidden, a.hidden, bias=a.qkv_bias)
         self.ff_norm = RMSNorm(a.hidden, a.norm_eps)
-        self.ff_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)   # gate (SiLU)
+        self.ff_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(a.hidden, a.mlp_hidden, bias=False)
         self.ff_out = nn.Linear(a.mlp_hidden, a.hidden, bias=False)
         self.init_projections((a.num_heads, a.num_kv_heads, a.head_dim))
@@ -73,7 +69,7 @@ class LLaDAModelLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch | DenseBatch,
                 kv: list[LayerKV] | None, logits_rows: torch.Tensor) -> torch.Tensor:
-        """Packed forward. Returns logits only for `logits_rows` of the packed stream."""
+        """Packed forward; logits only for `logits_rows` of the packed stream."""
         t = self.model.transformer
         h = t["wte"](input_ids)
         cos, sin = self.rotary.tables(positions, h.dtype)

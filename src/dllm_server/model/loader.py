@@ -1,5 +1,4 @@
-"""HF checkpoint folder -> model: architecture from config.json, single or sharded safetensors,
-dtype selection, and errors that name what is missing. Does no decoding."""
+"""HF checkpoint folder -> model: architecture, (sharded) safetensors, dtype, errors naming what is missing."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +29,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def available_memory_bytes() -> int:
-    """MemAvailable (Linux), else the physical memory."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -41,11 +39,8 @@ def available_memory_bytes() -> int:
 
 
 def resolve_dtype(requested: str, cfg: dict, device: torch.device, weight_bytes: int = 0) -> torch.dtype:
-    """`auto`: the checkpoint's dtype, except on a CPU, where half-precision checkpoints run in
-    float32: fp16 matmuls there are slow and lossy, and bf16 ones reached about half the fp32
-    rate on our AVX-512 CPUs (a bf16 serving run: 24 % more forward time; docs/benchmarks.md §8).
-    A bf16 checkpoint whose fp32 copy would take more than half the available memory stays bf16
-    (`--dtype` overrides either way)."""
+    """`auto`: the checkpoint's dtype, but float32 for half precision on a CPU (faster there: docs/benchmarks.md §8),
+    unless a bf16 checkpoint's fp32 copy would take over half the available memory."""
     if requested != "auto":
         return DTYPES[requested]
     dtype = DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
@@ -75,9 +70,8 @@ def _shard_files(folder: Path) -> list[Path]:
 
 def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                fuse: bool = True, tp: TPShard | None = None) -> tuple[nn.Module, ModelArgs, torch.dtype]:
-    """The model in eval mode; `fuse` joins Q/K/V and gate/up into single matmuls (serving; its
-    state_dict then no longer has the checkpoint's names). `tp`: only this tensor-parallel rank's
-    share of the sharded layers is read and held (model/tp.py)."""
+    """The model in eval mode; `fuse` joins projections (its state_dict then loses the checkpoint's names); with
+    `tp`, only this rank's share of the sharded layers is read."""
     folder = Path(path)
     cfg = read_config(folder)
     make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]

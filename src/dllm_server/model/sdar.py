@@ -1,14 +1,6 @@
-"""SDAR (`SDARForCausalLM`, model_type "sdar"): the dense Qwen3 layout, served with a
-block-causal mask (bidirectional inside blocks of `block_size` positions, causal across them;
-model/attention.py). The MoE variant (`SDARMoeForCausalLM`) is not implemented.
-
-Parameter names follow the HF checkpoint (`model.layers.{i}.self_attn.q_proj.weight`, ...).
-Qwen3 specifics: `head_dim` is read from the config (it need not be hidden / heads), and q and k
-are RMS-normalised per head over head_dim before rotary (`self_attn.q_norm` / `k_norm`; one
-weight of head_dim each, so tensor parallelism replicates them). logits[i] predicts token i, as
-in LLaDA. The attention mask is the caller's: it builds the AttentionBatch / DenseBatch with
-`block_size=args.block_size` (worker/runner.py does).
-"""
+"""SDAR (`SDARForCausalLM`): dense Qwen3 served block-causal (the caller's batch carries `block_size`); no MoE variant.
+Qwen3 reads `head_dim` from the config and RMS-normalises q and k per head before rotary (one head_dim weight each,
+so tensor parallelism replicates them)."""
 from __future__ import annotations
 
 import torch
@@ -19,9 +11,8 @@ from .attention import AttentionBatch, DenseBatch, LayerKV, attend
 from .dream import DreamModel
 from .layers import Projections, RMSNorm, apply_rotary
 
-# (block_size, mask_token_id) for a config.json without them, per model_type (SGLang keeps such a
-# table too). SDAR: the released configs carry both; its weights were trained at block 4 only
-# (JetAstra/SDAR#1), and <|MASK|> is 151669 in the Qwen3 vocabulary.
+# (block_size, mask_token_id) when config.json lacks them: SDAR's weights were trained at block 4 only
+# (JetAstra/SDAR#1); <|MASK|> is 151669 in the Qwen3 vocabulary.
 BLOCK_DEFAULTS = {"sdar": (4, 151669)}
 QWEN3_HEAD_DIM = 128       # transformers' Qwen3Config default when a config has no head_dim
 
@@ -65,7 +56,7 @@ class SDARAttention(Projections):
     def project_qkv(self, x: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projections.project_qkv with Qwen3's per-head q/k norm between projection and rotary."""
-        n_h, n_kv, d = self.shape      # this rank's heads under tensor parallelism
+        n_h, n_kv, d = self.shape
         if self.qkv is None:
             q = self.q_proj(x).view(-1, n_h, d)
             k = self.k_proj(x).view(-1, n_kv, d)
@@ -81,6 +72,5 @@ class SDARAttention(Projections):
 
 
 class SDARForCausalLM(DreamModel):
-    """Dream's skeleton (the Qwen layout: the same module names, MLP, norms, rotary and head) with
-    Qwen3's attention. logits[i] predicts token i (no shift: that is the loader's ModelArgs)."""
+    """Dream's Qwen-layout skeleton with Qwen3's attention; no logit shift (args_from_config sets it)."""
     attention = SDARAttention

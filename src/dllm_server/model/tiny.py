@@ -1,9 +1,5 @@
-"""Seeded tiny checkpoints in the real HF layout (config.json, safetensors, tokenizer.json,
-tokenizer_config.json with the family's chat template and special tokens).
-
-The tokenizer is byte-level (256 byte tokens + the family's specials), which needs no training
-and round-trips any text. Used by tests, benchmarks and the embedded demo model's trainer.
-"""
+"""Seeded tiny checkpoints in the real HF layout, with a byte-level tokenizer (256 bytes + the family's specials):
+no training needed and any text round-trips. Used by tests, benchmarks and the demo model's trainer."""
 from __future__ import annotations
 
 import json
@@ -70,7 +66,6 @@ def write_tokenizer(out: Path, family: str, max_len: int) -> dict[str, int]:
 
 
 def tokenizer_config(family: str, max_len: int) -> dict:
-    """tokenizer_config.json of a family: its special tokens and chat template (any vocabulary)."""
     if family == "llada":
         cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "mask_token": "<|mdm_mask|>", "chat_template": LLADA_TEMPLATE}
@@ -88,7 +83,7 @@ def tokenizer_config(family: str, max_len: int) -> dict:
 def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, heads: int, kv_heads: int,
                 mlp: int, max_len: int, vocab: int, dtype: str, head_dim: int = 0, block_size: int = 4) -> dict:
     padded = -(-vocab // 64) * 64
-    if family == "sdar":              # the keys transformers' Qwen3Config reads, plus SDAR's two
+    if family == "sdar":
         eos = ids["<|endoftext|>"]
         return {"architectures": ["SDARForCausalLM"], "model_type": "sdar", "hidden_size": hidden,
                 "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -116,9 +111,8 @@ def tiny_config(family: str, ids: dict[str, int], hidden: int, layers: int, head
 
 
 def init_weights(model: torch.nn.Module, seed: int, logit_scale: float = 5.0, norm_jitter: float = 0.0) -> None:
-    """Seeded init with peaked output distributions, so confident parallel commits happen.
-    `norm_jitter` > 0 draws the norm weights around 1 instead of 1 exactly, so an oracle sees a
-    norm applied in the wrong place (SDAR's q/k norms)."""
+    """Seeded init with peaked outputs, so confident parallel commits happen; `norm_jitter` > 0 draws norm weights
+    around 1, so an oracle sees a norm applied in the wrong place."""
     g = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters()):
         if name.endswith("norm.weight") or name.endswith("ln_f.weight") or "layernorm" in name:

@@ -1,18 +1,6 @@
-"""Tensor parallelism (Megatron-style) as a transform of a built model, so the model files read
-the same at TP=1 (the shape of gpt-fast's tp.py).
-
-Rank r of d keeps, in every layer:
-- Q, K and V split by head ranges (H/d query heads, Hkv/d KV heads), later fused per rank into one
-  matmul (a contiguous cut of the fused Q|K|V would mix Q rows into K);
-- gate and up split by output rows, fused per rank;
-- the attention output and MLP down projections split by input columns: each rank's product is a
-  partial sum, all-reduced in place before the residual (an output bias is added once, after);
-- embeddings, norms, rotary and the LM head whole (only the leader asks for logits).
-
-`shard_model` swaps in the rank's (meta) projections and returns the slice of every sharded
-checkpoint tensor it needs, so the loader reads only those slices (safetensors' lazy slicing)
-and a rank holds about 1/d of the sharded layers' weights.
-"""
+"""Megatron-style tensor parallelism as a transform of a built model (as gpt-fast's tp.py), so model files read the
+same at TP=1. A rank keeps its heads of Q/K/V (split before fusing: a cut of fused Q|K|V would mix Q rows into K), its
+rows of gate/up and its input columns of o/down (all-reduced in place); embeddings, norms and the LM head stay whole."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,14 +11,13 @@ from torch import nn
 
 from .layers import Projections
 
-ROW_ROLES = ("q", "k", "v", "gate", "up")    # split by output rows
-COLUMN_ROLES = ("o", "down")                 # split by input columns, all-reduced after
+ROW_ROLES = ("q", "k", "v", "gate", "up")
+COLUMN_ROLES = ("o", "down")
 
 
 @dataclass(frozen=True, slots=True)
 class TPShard:
-    """This process's place in its instance: rank of size, and the in-place sum over the
-    instance's ranks (None when loading without a process group, e.g. in tests)."""
+    """This process's rank in its instance, and the in-place sum over the ranks (None: no process group)."""
     rank: int
     size: int
     all_reduce: Callable[[torch.Tensor], object] | None = None
@@ -42,13 +29,12 @@ def _span(total: int, shard: TPShard) -> tuple[int, int]:
 
 
 def shard_model(model: nn.Module, shard: TPShard) -> dict[str, tuple[int, int, int]]:
-    """Give every layer this rank's projections (fresh, on the meta device: the model must not be
-    loaded yet) and return {checkpoint tensor name: (dim, start, stop)} for each sharded tensor."""
+    """Swap in this rank's meta projections (before loading) and return {tensor name: (dim, start, stop)} to read."""
     slices: dict[str, tuple[int, int, int]] = {}
     for prefix, m in model.named_modules():
         if not isinstance(m, Projections):
             continue
-        heads = m.shape                        # (H, Hkv, D) on attention layers
+        heads = m.shape
         if heads is not None:
             h, hkv, d = heads
             m.shape = (h // shard.size, hkv // shard.size, d)

@@ -1,19 +1,10 @@
-"""Decode policy of the front process: which commit rule each block runs with.
-
-- base.py: the DecodePolicy interface, FixedPolicy (today's rule) and ThresholdSchedule.
-- slo.py: SLOPolicy (DiLaServe): per block, the highest candidate threshold whose predicted
-  remaining latency fits the request's SLO, under a cluster-wide cap from load control.
-  It composes pure parts: progress.py (what a request's denoising looks like so far, the
-  predictor's features), predictor.py (remaining forwards), thresholds.py (the choice) and
-  load_control.py (the cap); iteration times come from costmodel/.
-"""
-
+"""Decode policy of the front process: the commit rule each block runs with. base.py holds the fixed rules;
+slo.py the SLO policy, built from progress, predictor, thresholds and load_control (step times: costmodel/)."""
 from ..config import ServerConfig
 
 
 def make_policy(config: ServerConfig, model_folder, load=None):
-    """The decode policy a server runs, from its config (and trace mode around it); `load`: the
-    scheduler's WorkerLoadModel, shared with the SLO policy."""
+    """The server's decode policy from its config; `load` is the scheduler's WorkerLoadModel, shared with SLOPolicy."""
     from .base import FixedPolicy
     if config.threshold_policy == "slo":
         from .predictor import load_predictor

@@ -1,12 +1,5 @@
-"""The front process's per-block decode policy: for every block of a request, the commit rule it
-runs with (BlockPolicy), chosen when the block is routed or leased. The policies here are the
-plain ones; policy/slo.py is the SLO-aware one.
-
-A policy runs on the front loop, so it must be cheap and must not block. It sees the request's
-state; a policy that `observes` is also fed the workers' iteration reports, every step and every
-finish, and may revise the policy of running blocks and leased next blocks once per scheduling
-tick.
-"""
+"""The decode policy interface and the plain policies (the SLO-aware one is slo.py). A policy runs on the front
+loop, so it must be cheap and never block; one that `observes` is fed every report, step and finish."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -23,7 +16,6 @@ class DecodePolicy(Protocol):
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy: ...
 
     def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
-        """block_policy for several (request, block) at once (the leases of one scheduling tick)."""
         ...
 
     def seed(self, worker_id: int, profile: tuple[tuple[float, ...], ...]) -> None: ...
@@ -37,15 +29,13 @@ class DecodePolicy(Protocol):
     def on_finish(self, state: RequestState, output: GenerationOutput, now: float) -> None: ...
 
     def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
-        """Every request in flight (entries: .state, .worker, .lease: the leased next-block policy)
-        -> (request, block index, new policy) for the blocks to change: its running or queued
-        block (block index = state.block_index) or its leased next one. Called once per
-        scheduling tick; a policy rate-limits itself."""
+        """(request, block index, new policy) for running/queued or leased next blocks of `entries` (.state,
+        .worker, .lease) to change. Called every scheduling tick; a policy rate-limits itself."""
         ...
 
 
 class StaticPolicy:
-    """A policy that decides from the request alone (no observations, no revisions)."""
+    """Decides from the request alone: no observations, no revisions."""
     observes = False
 
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
@@ -74,8 +64,7 @@ class StaticPolicy:
 
 
 def request_rule(state: RequestState, block_index: int, default_threshold: float) -> BlockPolicy:
-    """The request's own rule: its threshold (else `default_threshold`), its factor, its entropy
-    bound, or its fixed steps split over the blocks as LLaDA does."""
+    """The request's own rule; fixed steps are split over the blocks as LLaDA does."""
     s = state.sampling
     steps = None if s.steps is None else steps_per_block(
         effective_steps(s.steps, state.params.max_tokens, state.params.block_length, state.prompt_len,
@@ -90,8 +79,7 @@ def names_a_rule(state: RequestState) -> bool:
 
 
 class FixedPolicy(StaticPolicy):
-    """Every block of a request commits by the request's own rule: its threshold (the server's
-    when it gives none), its factor, or its fixed steps split over the blocks as LLaDA does."""
+    """Every block by the request's own rule, at the server's threshold when it names none."""
 
     def __init__(self, default_threshold: float):
         self.default_threshold = default_threshold
@@ -101,8 +89,7 @@ class FixedPolicy(StaticPolicy):
 
 
 class ThresholdSchedule(StaticPolicy):
-    """Block k commits with thresholds[k] (the last one for later blocks), whatever the request
-    asked; for replaying or testing per-block decisions."""
+    """Block k commits at thresholds[k] (the last for later blocks), whatever the request asked; for replays."""
 
     def __init__(self, thresholds: list[float]):
         if not thresholds:

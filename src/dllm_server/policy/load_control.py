@@ -1,11 +1,6 @@
-"""Cluster-wide load control (DiLaServe): a cap on every request's threshold. For each candidate
-cap, the forward rate the load needs (the arrival rate times a new request's predicted forwards
-at that cap, or the in-flight requests' remaining forwards over their remaining budgets, the
-larger) against the rate the workers can run *within the SLO* at that cap (a batch may only
-grow while an iteration stays short enough for a request's forwards to fit its budget). When
-demand exceeds capacity the cap comes down until it fits, never below the quality floor, and
-goes back up when load falls. Pure demand/capacity functions plus a small controller state with
-hysteresis, so a steady load settles on one cap."""
+"""Cluster-wide load control (DiLaServe): a cap on every request's threshold. Per candidate cap, the forward rate the
+load needs against what the workers can run within the SLO at that cap; the cap drops until demand fits, never below
+the quality floor, and rises again with hysteresis, so a steady load settles on one cap."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,24 +10,20 @@ import numpy as np
 
 
 def demand_rate(work: np.ndarray, budgets_s: np.ndarray, min_horizon_s: float) -> np.ndarray:
-    """work [R, C]: each request's predicted remaining forwards if it decoded at candidate c;
-    budgets_s [R]: its remaining SLO budget (or a default horizon). Returns [C]: the forwards per
-    second all of them need, per cap."""
+    """[C] forwards per second all requests need per cap: work [R, C] remaining forwards over budgets_s [R]."""
     if work.size == 0:
         return np.zeros(work.shape[1] if work.ndim == 2 else 0)
     return (work / np.maximum(budgets_s, min_horizon_s)[:, None]).sum(axis=0)
 
 
 def arrival_rate(times, now: float, windows: tuple[float, ...] = (1.0, 5.0)) -> float:
-    """Admissions per second from `times` (ascending): the largest mean over the trailing
-    `windows`, so a burst counts within the shortest window and a lull lowers the rate only once
-    the longest has passed. A window reaching back before the first admission is cut there, but
-    never below 1 s (one admission is not an infinite rate)."""
+    """Admissions per second from ascending `times`: the largest mean over the trailing `windows`, so a burst
+    counts at once and a lull only after the longest. A window is cut at the first admission, never below 1 s."""
     if not times:
         return 0.0
     longest = max(windows)
     ages = []
-    for t in reversed(times):          # newest first; stop past the longest window
+    for t in reversed(times):
         if t < now - longest:
             break
         ages.append(now - t)
@@ -52,9 +43,8 @@ class LoadController:
         return self.candidates[self.cap_index]
 
     def update(self, demand: np.ndarray, capacity) -> float:
-        """demand[i] / capacity[i] (or one capacity for all): the forward rate needed and available
-        if the cap were candidates[i]. Lower at once to the highest cap that fits (the floor when
-        none does); raise one step at a time, only with room to spare."""
+        """Forwards/s needed and available per candidate cap. Lowers at once to the highest cap that fits (else
+        the floor); raises one step at a time, only with room to spare."""
         cap = np.broadcast_to(np.asarray(capacity, dtype=float), (len(self.candidates),))
         if len(demand) != len(self.candidates) or not (cap > 0).all():
             return self.cap

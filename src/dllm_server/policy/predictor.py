@@ -1,15 +1,6 @@
-"""The step predictor: for a request in flight and a candidate threshold, the forwards its current
-block still needs (`block_rem`), the forwards of the blocks after it (`fut_forwards`) and how many
-blocks that is (`fut_blocks`, each one a re-prefill).
-
-Two implementations of one interface (`predict(X) -> {target: array}` over rows of
-progress.FEATURES):
-- `TreePredictor`: gradient-boosted trees trained offline by scripts/train_step_predictor.py
-  (scikit-learn's HistGradientBoostingRegressor) and exported to a small JSON artefact, evaluated
-  here with numpy alone, so serving needs neither scikit-learn nor a pickle of its version.
-- `SimpleEstimator`: the documented fallback for a checkpoint without an artefact (see its
-  docstring); no training, pessimistic about the answer's length.
-"""
+"""The step predictor: per request and candidate threshold, the forwards left in the current block (`block_rem`),
+of the later blocks (`fut_forwards`) and their count (`fut_blocks`, each a re-prefill). TreePredictor evaluates trees
+from scripts/train_step_predictor.py with numpy alone (no scikit-learn at serving); SimpleEstimator is the fallback."""
 from __future__ import annotations
 
 import json
@@ -24,9 +15,8 @@ ARTEFACT = "step_predictor.json"
 
 
 class TreeEnsemble:
-    """Sum of regression trees plus a baseline. The nodes of all trees live in flat arrays (a leaf
-    points at itself), and every row walks every tree level by level at once: a handful of 1-D
-    `take`s per level, so a batch of rows costs about what one row does."""
+    """Regression trees plus a baseline in flat node arrays (a leaf points at itself); all rows walk all trees level
+    by level at once, so a batch costs about what one row does."""
 
     def __init__(self, baseline: float, trees: list[dict]):
         self.baseline = float(baseline)
@@ -90,12 +80,8 @@ class TreePredictor:
 
 
 class SimpleEstimator:
-    """The fallback without a trained artefact:
-    - current block: its own finished blocks' mean forwards scaled by the share still masked, or
-      before any block has finished, masked positions / max(1, positions that clear tau now);
-    - later blocks: none once a stop token is committed, else every block up to max_tokens (it
-      cannot foresee where the answer ends, so it is pessimistic: lower thresholds under an SLO),
-      each costing the mean of the finished blocks, or half a block's positions before that."""
+    """Fallback without a trained artefact (docs/slo.md): every later block up to max_tokens runs until a stop
+    token is committed, so it is pessimistic about length and lowers thresholds early."""
     name = "simple"
     meta: dict = {}
 
@@ -121,8 +107,7 @@ def load_predictor(path: str | None, model_folder: str | Path):
 
 
 def export_hist_gbm(model) -> dict:
-    """A fitted sklearn HistGradientBoostingRegressor as a TreeEnsemble dict (numeric features,
-    squared-error loss). Reads the fitted predictors' node arrays."""
+    """A fitted sklearn HistGradientBoostingRegressor (numeric features, squared error) as a TreeEnsemble dict."""
     trees = []
     for (pred,) in model._predictors:
         nodes = pred.nodes

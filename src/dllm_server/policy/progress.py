@@ -1,10 +1,5 @@
-"""What a request's denoising looks like so far, and the step predictor's features.
-
-`Progress` is updated from each StepDelta (the committed positions, the masked count, the worker's
-confidence summary of what is still masked); `feature_row` turns it into the predictor's input for
-one candidate threshold. The online SLO policy and the offline trace writer both use these, so the
-features a predictor is trained on are exactly the ones it is later given.
-"""
+"""A request's denoising so far (Progress, fed each StepDelta) and the step predictor's features. The SLO policy and
+the trace writer share feature_row, so a predictor is trained on exactly the features it is later given."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,7 +33,7 @@ class Progress:
     forwards: int = 0
     eos_seen: bool = False
     finished_blocks: list[int] = field(default_factory=list)   # forwards per finished block
-    summary: tuple[float, ...] = ()    # the worker's confidence_summary after the last step
+    summary: tuple[float, ...] = ()
     updated: bool = True               # new observations since the last prediction
 
     @classmethod
@@ -49,13 +44,13 @@ class Progress:
                    answer_masked=st.answer_len)
 
     def observe(self, delta: StepDelta, st: RequestState) -> None:
-        if delta.block_index != self.block_index:     # end_block normally moves it first
+        if delta.block_index != self.block_index:
             self.block_index = delta.block_index
         self.step = delta.step + 1
         self.forwards += 1
         self.committed_last = len(delta.positions)
         self.answer_masked = delta.num_masked
-        start, end = st.params.block_bounds(st.prompt_len, delta.block_index)     # its answer part
+        start, end = st.params.block_bounds(st.prompt_len, delta.block_index)
         lo, hi = max(0, start - st.prompt_len), end - st.prompt_len
         self.masked_in_block = st.answer[lo:hi].count(st.mask_id)
         self.prefix_len = st.prefix_end
@@ -65,7 +60,6 @@ class Progress:
         self.updated = True
 
     def end_block(self, num_steps: int) -> None:
-        """The current block ended (BlockDone): its forwards are known."""
         self.finished_blocks.append(num_steps)
         self.block_index += 1
         self.step = 0
@@ -96,8 +90,7 @@ TAU, CLEAR, CLEAR_FRAC = FEATURES.index("tau"), FEATURES.index("clear_tau"), FEA
 
 def candidate_rows(progress: list[Progress], base: np.ndarray, taus: tuple[float, ...],
                    candidates: tuple[float, ...]) -> np.ndarray:
-    """`base` [R, F] (each request's feature_row at any tau) expanded to [R * len(taus), F]: the same
-    rows at every tau, with the tau-dependent columns (tau, clear_tau, clear_tau_frac) set."""
+    """`base` [R, F] (feature_row at any tau) as [R * len(taus), F]: each row at every tau, its tau columns set."""
     n_stats = len(CONFIDENCE_STATS)
     rows = np.repeat(base, len(taus), axis=0)
     rows[:, TAU] = np.tile(taus, len(progress))

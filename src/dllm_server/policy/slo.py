@@ -1,16 +1,6 @@
-"""SLOPolicy (DiLaServe): each block commits at the highest candidate threshold whose predicted
-remaining latency fits what is left of the request's SLO, under a cluster-wide cap from load
-control. A request that names its own rule (threshold, factor or steps) keeps it.
-
-Fed by the scheduler (it `observes`): every step updates the request's Progress; the scheduler's
-WorkerLoadModel (step-time models from the workers' profiles and iteration reports) is shared.
-The remaining latency is priced with the work ahead (costmodel/work_ahead.py): every request live on the
-same worker, queued or running, with its own remaining forwards and re-prefills at the threshold
-it was last decided at. Decisions: `block_policy` when a block is dispatched; `revise`, once per
-scheduling tick (rate-limited), re-decides the running block and the leased next block of every
-request whose progress moved or whose worker's queue changed, in one batched prediction, and
-updates the load-control cap (at most every CONTROL_INTERVAL_S).
-"""
+"""SLOPolicy (DiLaServe): each block commits at the highest candidate threshold whose predicted remaining latency,
+priced with the work ahead on its worker (costmodel/work_ahead.py), fits the request's SLO, under load control's cap.
+A request that names its own rule keeps it. The rules and their constants: docs/slo.md."""
 from __future__ import annotations
 
 import collections
@@ -29,11 +19,11 @@ from .progress import Progress, candidate_rows, feature_row
 from ..costmodel.work_ahead import Others, queued_seconds
 from .thresholds import allowed, choose_indices, remaining_seconds
 
-CONTROL_INTERVAL_S = 0.2      # load control re-evaluates the cap at most this often
-REVISE_INTERVAL_S = 0.2       # running and leased blocks are re-decided at most this often
+CONTROL_INTERVAL_S = 0.2
+REVISE_INTERVAL_S = 0.2
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
-ARRIVAL_WINDOWS_S = (1.0, 5.0)  # load control's arrival rate: the larger mean of these trailing windows
-OTHERS_REFRESH_S = 0.02       # the work ahead is re-read at most this often (policy clock) while the live set holds
+ARRIVAL_WINDOWS_S = (1.0, 5.0)
+OTHERS_REFRESH_S = 0.02
 
 
 class SLOPolicy(StaticPolicy):
@@ -44,7 +34,7 @@ class SLOPolicy(StaticPolicy):
         self.all_candidates = config.candidate_thresholds          # what the workers count against
         self.candidates = tuple(c for c in self.all_candidates if c >= config.quality_floor)
         self.floor = config.quality_floor
-        self.default = config.threshold                             # above it only with slack (thresholds.py)
+        self.default = config.threshold
         self.slack = config.slo_raise_slack
         self.block_length = config.block_length
         self.default_slo_s = None if config.default_slo_ms is None else config.default_slo_ms / 1e3
@@ -55,31 +45,30 @@ class SLOPolicy(StaticPolicy):
         self.states: dict[str, RequestState] = {}
         self.where: dict[str, int] = {}
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
-        self.first_guess: dict[str, float] = {}                      # predicted forwards at admission
+        self.first_guess: dict[str, float] = {}
         self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
-        self.recomputes: dict[str, np.ndarray] = {}                  # latest remaining re-prefills per candidate
-        self.chosen: dict[str, int] = {}                             # candidate index of its latest decision
-        self.new_work: np.ndarray | None = None                      # a new request's forwards per candidate (EWMA)
-        self.blocks_per_request = 1.0                                # finished requests' blocks (EWMA)
-        self.block_forwards: dict[float, float] = {}                 # forwards per finished block, per threshold (EWMA)
-        self.finished = 0                                            # requests finished "stop"/"length"
-        self._fc = self._f = 0.0                                     # EWMAs of forwards x canvas and of forwards
-        self.arrivals: collections.deque = collections.deque(maxlen=4096)   # admission times
+        self.recomputes: dict[str, np.ndarray] = {}
+        self.chosen: dict[str, int] = {}
+        self.new_work: np.ndarray | None = None
+        self.blocks_per_request = 1.0
+        self.block_forwards: dict[float, float] = {}
+        self.finished = 0
+        self._fc = self._f = 0.0
+        self.arrivals: collections.deque = collections.deque(maxlen=4096)
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
         self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
         self._controlled_at = self._revised_at = -1e9
-        self._queue_version = self._revised_version = 0              # changes of the live set
+        self._queue_version = self._revised_version = 0
         self._others_cache = None
         self.errors = {"oneshot": collections.deque(maxlen=2048), "online": collections.deque(maxlen=2048)}
         self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
-        self.predict_s = collections.deque(maxlen=1024)              # seconds per batched prediction
+        self.predict_s = collections.deque(maxlen=1024)
         self.predict_rows = collections.deque(maxlen=1024)
 
     @property
     def cap(self) -> float:
         return self.controller.cap if self.controller is not None else self.candidates[0]
 
-    # ---- observations ----
     def on_step(self, state: RequestState, delta: StepDelta, worker_id: int, now: float) -> None:
         rid = state.request_id
         p = self.progress.get(rid)
@@ -106,10 +95,10 @@ class SLOPolicy(StaticPolicy):
                 self.errors["online"].append(done + remaining - total)
             stats = output.stats
             blocks = len(stats.steps_per_block)
-            if blocks:     # the first finished request replaces the prior of one block
+            if blocks:
                 self.blocks_per_request = blocks if not self.finished else \
                     0.95 * self.blocks_per_request + 0.05 * blocks
-            if len(stats.block_policies) == blocks:   # what a block costs at each threshold, as run (the planner's)
+            if len(stats.block_policies) == blocks:   # forwards per block as run: cluster/planner.py plans with them
                 for steps, pol in zip(stats.steps_per_block, stats.block_policies):
                     old = self.block_forwards.get(pol.threshold)
                     self.block_forwards[pol.threshold] = steps if old is None else 0.95 * old + 0.05 * steps
@@ -124,11 +113,9 @@ class SLOPolicy(StaticPolicy):
 
     @property
     def seated_canvas(self) -> float | None:
-        """The canvas of a seated request: finished requests' canvases weighted by their forwards
-        (a long request is seated longer; the capacity table's canvas). None before any finished."""
+        """Finished requests' canvas weighted by their forwards (a long one is seated longer); None before any."""
         return self._fc / self._f if self._f > 0 else None
 
-    # ---- decisions ----
     def block_policy(self, state: RequestState, block_index: int) -> BlockPolicy:
         if names_a_rule(state):
             return request_rule(state, block_index, self.candidates[0])
@@ -136,16 +123,13 @@ class SLOPolicy(StaticPolicy):
         return BlockPolicy(tau)
 
     def block_policies(self, items: list[tuple[RequestState, int]]) -> list[BlockPolicy]:
-        """One batched decision for every item that names no rule of its own."""
         own = [names_a_rule(st) for st, _ in items]
         chosen = iter(self._choose([it for it, o in zip(items, own) if not o], self.clock()) if not all(own) else [])
         return [request_rule(st, k, self.candidates[0]) if o else BlockPolicy(next(chosen))
                 for (st, k), o in zip(items, own)]
 
     def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
-        """entries: every request in flight (.state, .worker, .lease). Re-decides the block each
-        one runs (or waits to run) and its leased next block, where its progress moved or its
-        worker's queue changed; returns (request, block index, policy) for each that changed."""
+        """Re-decides running and leased blocks whose progress moved or whose worker's queue changed."""
         self._control_if_due(now)
         if now - self._revised_at < REVISE_INTERVAL_S:
             return []
@@ -171,8 +155,6 @@ class SLOPolicy(StaticPolicy):
         return [(st.request_id, k, BlockPolicy(t)) for (st, k, old), t in zip(todo, taus) if t != old]
 
     def _choose(self, items: list[tuple[RequestState, int]], now: float) -> list[float]:
-        """One batched prediction for every (request, block to decide), every candidate; the
-        latency of each priced with the work ahead on its worker; the choice vectorised."""
         self._control_if_due(now)           # after a quiet spell the cap is stale: revise() has not run
         cands = self.candidates
         progs, base, current, budgets = [], [], [], []
@@ -180,7 +162,7 @@ class SLOPolicy(StaticPolicy):
             p = self.progress.get(st.request_id) or Progress.start(st)
             p.updated = False
             progs.append(p)
-            current.append(p.block_index == k)           # the block being decided is the one to run next / now
+            current.append(p.block_index == k)
             base.append(feature_row(p, self.decided[st.request_id].get(p.block_index, self.cap), self.all_candidates))
             b = self._budget(st, now)
             budgets.append(np.inf if b is None else b)
@@ -193,8 +175,7 @@ class SLOPolicy(StaticPolicy):
         block_rem = np.where(current[:, None], pred["block_rem"].reshape(r, n), cur["block_rem"][:, None])
         starting = np.asarray([c and p.step == 0 for c, p in zip(current, progs)])
         work = block_rem + fut
-        # a block not started yet begins with a recompute step; a block-causal request has only
-        # its prefill (its later blocks cost their own tokens)
+        # an unstarted block begins with a recompute step; a block-causal request recomputes only its prefill
         causal = np.asarray([st.params.block_causal for st, _ in items])
         first = np.asarray([k == 0 for _, k in items])
         recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
@@ -206,16 +187,16 @@ class SLOPolicy(StaticPolicy):
             rid = st.request_id
             self.decided[rid][k] = tau
             if rid not in self.work:
-                self._queue_version += 1                  # a new request on some worker
+                self._queue_version += 1
             self.work[rid], self.recomputes[rid], self.chosen[rid] = work[i], recomputes[i], int(j)
             self.states[rid] = st
-            if starting[i] and k == 0 and rid not in self.first_guess:     # an admission
+            if starting[i] and k == 0 and rid not in self.first_guess:
                 self.arrivals.append(now)
                 self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
                 if np.isfinite(budgets[i]):
                     self.budgets.append(budgets[i])
             remaining = float(work[i, j])
-            if rid not in self.first_guess:                   # at admission: the one-shot estimate
+            if rid not in self.first_guess:
                 self.first_guess[rid] = p.forwards + remaining
             else:
                 self.online_guess[rid].append((p.forwards, remaining))
@@ -223,18 +204,16 @@ class SLOPolicy(StaticPolicy):
         return out
 
     def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> tuple[np.ndarray, np.ndarray]:
-        """[R, C] predicted remaining latency: the work ahead on the request's worker (on the best
-        worker for one not placed yet), or, before any worker has a step-time model, its own
-        forwards at the worker's current iteration time; and [R] whether the request would have
-        its worker to itself (nothing else in flight there, no peer admitted in the same call)."""
+        """[R, C] predicted remaining latency with the work ahead on the request's worker (the best one if unplaced),
+        and [R] whether the request would have its worker to itself."""
         units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
         workers = list(units)
         new = {st.request_id for st, _ in items if st.request_id not in self.work}    # admissions in this call
 
-        def solo(rid: str) -> bool:             # no other admission in this call
+        def solo(rid: str) -> bool:
             return not new - {rid}
 
-        if not workers:     # no worker's load known yet: alone when nothing else is in flight anywhere
+        if not workers:
             costs = [self.load.costs(self.where.get(st.request_id)) for st, _ in items]
             t_iter = np.asarray([c[0] for c in costs])[:, None]
             t_wait = np.asarray([c[1] for c in costs])[:, None]
@@ -243,9 +222,7 @@ class SLOPolicy(StaticPolicy):
         others = self._others(workers)
         secs = np.empty_like(work)
         alone = np.zeros(len(items), dtype=bool)
-        # New requests decided in this call (a burst admitted together) see the ones before them in
-        # the call, at the cap's work (the most they may bring) and unplaced: a 1/W share on each
-        # worker, as _build_others counts them once decided
+        # a burst decided in one call: each new request sees those before it at the cap's work, 1/W on each worker
         at_cap = int(np.argmin(np.abs(np.asarray(self.candidates) - self.cap)))
         peers: list[tuple[float, float, float]] = []
         for i, (st, _) in enumerate(items):
@@ -253,7 +230,7 @@ class SLOPolicy(StaticPolicy):
             w = self.where.get(rid)
             canvas = float(st.prompt_len + st.answer_len)
             own = None
-            if rid in self.work:       # counted among the others at its last decision: taken out
+            if rid in self.work:       # already among the others at its last decision: taken out
                 j = self.chosen[rid]
                 own = (float(self.work[rid][j]), float(self.recomputes[rid][j]), 1.0 if w is not None else
                        1.0 / len(workers))
@@ -267,11 +244,8 @@ class SLOPolicy(StaticPolicy):
         return secs, alone
 
     def _others(self, workers: list[int]) -> dict[int, Others]:
-        """Every live request's remaining work at its latest decision, per worker; one the router
-        has not placed yet counts a 1/W share on each of the W workers. Rebuilt when the live set
-        changes, else at most every OTHERS_REFRESH_S (a decision moves only its own request's
-        figures; the stale part is taken out with `own` and clipped). Timed by the policy's own
-        clock, so a simulation on a virtual clock decides the same however fast it runs."""
+        """Live requests' remaining work per worker (an unplaced one: 1/W on each). Cached until the live set changes
+        or OTHERS_REFRESH_S passes on the policy's clock, so a simulation decides the same however fast it runs."""
         now = self.clock()
         key = (self._queue_version, tuple(workers))
         if self._others_cache is not None and self._others_cache[0] == key and \
@@ -297,8 +271,6 @@ class SLOPolicy(StaticPolicy):
         return out
 
     def _predict(self, rows: np.ndarray, cur_rows: np.ndarray):
-        """Every candidate for the decided block and the ones after; the current block at its
-        own threshold (for a lease of the next block)."""
         t = time.perf_counter()
         pred = self.predictor.predict(rows, ("fut_forwards", "fut_blocks", "block_rem"))
         cur = self.predictor.predict(cur_rows, ("block_rem",))
@@ -315,8 +287,6 @@ class SLOPolicy(StaticPolicy):
             self._control(now)
 
     def _control(self, now: float) -> None:
-        """Lower / raise the cap: the forward rate the load needs at each cap against what the
-        workers can run within the SLO at that cap, every re-prefill counted."""
         self._controlled_at = now
         live = [rid for rid in self.work if rid in self.states]
         if not live and self.arrivals and now - self.arrivals[-1] > max(ARRIVAL_WINDOWS_S):
@@ -334,7 +304,6 @@ class SLOPolicy(StaticPolicy):
                                for w in self.new_work])
         self.controller.update(demand, capacity)
 
-    # ---- observability ----
     def summary(self) -> dict:
         errs = {k: np.asarray(v, dtype=float) for k, v in self.errors.items()}
         return {"cap": self.cap, "predictor": self.predictor.name,

@@ -1,13 +1,6 @@
-"""Trace mode: per-step decoding records (JSONL) from which scripts/train_step_predictor.py learns
-remaining forwards. It wraps the server's decode policy (decisions unchanged) and writes:
-- at admission, {"kind": "admit", "rid", "tau", "x"}: the predictor's features before any step;
-- per step, {"kind": "step", "rid", "block", "step", "tau", "x"}: features after that step;
-- at the end, {"kind": "end", "rid", "finish", "forwards", "steps_per_block", "thresholds", "tokens",
-  "arrival_seq", "prompt_len", "max_tokens", "block_length", "ignore_eos", "eos_at"}: `eos_at` is the
-  answer position of the first stop token (None: none within max_tokens), so the cluster
-  simulator (sim/behaviour.py) can replay where each answer ended and what each block took.
-`x` is progress.feature_row at the block's own threshold, so training and serving share one
-feature definition. Writes are buffered; a file per server start."""
+"""Trace mode: wraps the decode policy (decisions unchanged) and writes JSONL for scripts/train_step_predictor.py
+and sim/behaviour.py's replay: "admit" and "step" rows with `x` = progress.feature_row at the block's threshold,
+then one "end" row per request. Writes are buffered; one file per server start."""
 from __future__ import annotations
 
 import json
@@ -22,8 +15,7 @@ from .progress import Progress, feature_row
 
 
 def replay_fields(state: RequestState) -> dict:
-    """What a replay of this request needs besides its blocks' forwards: its shape and where the
-    answer's first stop token landed (None: nowhere before max_tokens, or ignore_eos)."""
+    """What a replay needs besides the forwards; `eos_at`: the first stop token's answer position, else None."""
     p = state.params
     n = state.visible_len()
     eos_at = n if not p.ignore_eos and n < min(p.max_tokens, state.answer_len) else None

@@ -1,2 +1,1 @@
-"""One request's I/O on the front side: input checks, tokenizer and chat template, the host canvas
-(RequestState), how worker messages advance it, incremental detokenization and its event stream."""
+"""One request's I/O on the front: input checks, tokenizer, RequestState, its output events and detokenizing."""

@@ -1,6 +1,4 @@
-"""Turning user input into validated prompt token ids (shared by the offline LLM and the server).
-
-Every failure is a ValueError that names the offending field."""
+"""User input to validated prompt token ids (offline LLM and server); failures are ValueErrors naming the field."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +9,6 @@ from .tokenize import Tokenizer
 
 
 def prompt_ids(prompt: Any, tokenizer: Tokenizer | None) -> tuple[str | None, list[int]]:
-    """A prompt is a string or {"prompt_token_ids": [...]}."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init is set)")
@@ -26,22 +23,18 @@ def prompt_ids(prompt: Any, tokenizer: Tokenizer | None) -> tuple[str | None, li
     raise ValueError(f"prompt: must be a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
 
-# Unicode normalization (NFC) composes at most 4 code points into one (U+1F82 = alpha + three
-# combining marks), so a normalized text keeps at least a quarter of its characters.
-NFC_MAX_MERGE = 4
+NFC_MAX_MERGE = 4   # NFC composes at most 4 code points into one (U+1F82: alpha + three combining marks)
 
 
 def input_chars(prompt: Any, messages: list[dict] | None) -> int:
-    """Characters the tokenizer will see, at least: a text prompt's length, or the chat messages'
-    content without the surrounding whitespace that templates trim. 0 for token ids."""
+    """Characters the tokenizer will see at least (chat contents stripped, as templates trim); 0 for token ids."""
     if messages is not None:
         return sum(len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
     return len(prompt) if isinstance(prompt, str) else 0
 
 
 def check_prompt_chars(num_chars: int, max_len: int, max_token_chars: int, field: str) -> None:
-    """Refuse, before tokenizing it, an input that cannot fit the context whatever it says: no
-    token covers more than `max_token_chars` characters (after normalization)."""
+    """Refuse, before tokenizing, an input too long for the context even at `max_token_chars` per token."""
     limit = max_len * max_token_chars * NFC_MAX_MERGE
     if num_chars > limit:
         raise ValueError(f"{field}: {num_chars} characters cannot fit the model context of {max_len} tokens "
@@ -50,8 +43,7 @@ def check_prompt_chars(num_chars: int, max_len: int, max_token_chars: int, field
 
 
 def check_request(ids: list[int], params: SamplingParams, resolved: DecodeParams, args: ModelInfo) -> None:
-    """The prompt ids and the request against the model's limits (the length first: the other
-    checks are linear in it)."""
+    """The ids and request against the model's limits (length first: the other checks are linear in it)."""
     if not ids:
         raise ValueError("prompt: must not be empty")
     if len(ids) >= args.max_len:

@@ -1,6 +1,4 @@
-"""How a request advances on each worker message: apply deltas, cut at stop strings, move to the
-next block or finish. One function serves the offline LLM and the serving scheduler alike; where
-the next block runs (and with which policy) is the caller's decision."""
+"""How a request advances on each worker message; where (and how) its next block runs is the caller's decision."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,10 +11,10 @@ from .tokenize import Tokenizer
 
 @dataclass(slots=True)
 class Outcome:
-    added: str = ""                            # visible text this message added
+    added: str = ""
     next_block: bool = False                   # route the next block (a re-prefill)
     continued: bool = False                    # the next block is already queued where this one ran
-    output: GenerationOutput | None = None     # the request is finished
+    output: GenerationOutput | None = None
     abort_worker: bool = False                 # the worker still holds the block: abort it
 
 
@@ -24,8 +22,7 @@ MASK_GLYPH = "\u2591"
 
 
 def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
-    """The visible answer with every still-masked position shown as MASK_GLYPH (progress streams
-    only: this decodes the whole answer, so plain streams never call it)."""
+    """The visible answer with masked positions as MASK_GLYPH; decodes it all, so for progress streams only."""
     if tokenizer is None:
         return ""
     answer = st.answer[: st.visible_len()]
@@ -44,21 +41,16 @@ def canvas_text(st: RequestState, tokenizer: Tokenizer | None) -> str:
 
 
 def token_texts(token_ids, tokenizer: Tokenizer | None) -> list[str]:
-    """Each token's own text (progress streams: what the committed cells show)."""
     return [tokenizer.token_text(t) for t in token_ids] if tokenizer is not None else []
 
 
 def progress_event(st: RequestState, delta: StepDelta, tokenizer: Tokenizer | None) -> StreamEvent:
-    """A progress stream's event for one step: the delta, the stable text, the canvas with its
-    masks and each committed token's own text."""
     return StreamEvent(st.request_id, delta, st.text, canvas_text(st, tokenizer),
                        token_texts(delta.token_ids, tokenizer))
 
 
 def _stop_hit(st: RequestState, text: str, added: str) -> int:
-    """Index in `text` (the tentative visible text) of the first stop string that this step's new
-    text completes, or -1. Only what changed (the new stable text, the held-back tail) and the
-    (longest stop - 1) characters before it can hold a new match."""
+    """Index in `text` of the first stop string this step completes, or -1 (searched from the changed text)."""
     lo = max(0, len(st.text) - len(added) - max(len(s) for s in st.sampling.stop) + 1)
     hits = [i for i in (text.find(s, lo) for s in st.sampling.stop) if i >= 0]
     return min(hits) if hits else -1

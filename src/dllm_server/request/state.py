@@ -1,11 +1,5 @@
-"""RequestState: the request side's view of one generation (host canvas, block progress, the
-visible text so far, stats) and the assembly of its final output. Shared by the offline LLM and
-the serving engine; knows nothing of HTTP, queues or workers.
-
-Per step the work is proportional to what the step committed, not to the answer's length: the
-canvas is a plain list, the committed prefix (every position up to the first mask, stopping at
-the first stop token and at max_tokens) only grows, and its text is detokenized incrementally.
-"""
+"""RequestState: one generation's canvas, block progress, visible text and stats; work per step grows only with
+what the step committed (the committed prefix only grows and is detokenized incrementally)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,7 +18,7 @@ class GenerationStats:
     steps_per_block: list[int] = field(default_factory=list)
     num_blocks_run: int = 0
     num_committed: int = 0
-    block_policies: list[BlockPolicy] = field(default_factory=list)   # the commit rule of each block run
+    block_policies: list[BlockPolicy] = field(default_factory=list)
     latency_s: float | None = None       # arrival to finish, served requests only
 
     def tokens_per_forward(self, num_tokens: int) -> float:
@@ -54,15 +48,15 @@ class RequestState:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = prompt_ids
-        self.sampling = sampling          # what the user asked for (stop strings, steps, threshold...)
-        self.params = params              # resolved, shared by every block
+        self.sampling = sampling
+        self.params = params
         self.mask_id = mask_id
         self.stop_ids = stop_ids
         self._stop_set = frozenset(() if params.ignore_eos else stop_ids)
         self.arrival_seq = arrival_seq
         self.arrived_at = 0.0                # set when the scheduler admits it (its clock)
         self.prompt_len = len(prompt_ids)
-        self._prompt_array = None         # the prompt as int64, for submit_msg
+        self._prompt_array = None
         self.answer_len = params.answer_len(self.prompt_len)
         self.num_blocks = params.num_blocks(self.prompt_len)
         self.answer = [mask_id] * self.answer_len
@@ -70,12 +64,12 @@ class RequestState:
         self.stats = GenerationStats()
         self._limit = min(params.max_tokens, self.answer_len)
         self.prefix_end = 0               # answer[:prefix_end] is committed and holds no stop token
-        self.stopped = False              # the committed prefix ended at a stop token
+        self.stopped = False
         self.detok = IncrementalDetokenizer(decode) if decode is not None else None
 
     def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0) -> SubmitBlock:
         """The current block for a worker that does not hold this request's canvas."""
-        # via NumPy (a fraction of torch.tensor's time on a long Python list), the prompt converted once
+        # NumPy: a fraction of torch.tensor's time on a long Python list
         if self._prompt_array is None:
             self._prompt_array = np.array(self.prompt_ids, dtype=np.int64)
         canvas = torch.from_numpy(np.concatenate((self._prompt_array, np.array(self.answer, dtype=np.int64))))
@@ -83,8 +77,7 @@ class RequestState:
                            self.stop_ids, self.arrival_seq, step_offset, then=then)
 
     def apply(self, delta: StepDelta) -> str | None:
-        """Commit a step's positions; returns the stable text it added ("" if none), or None when
-        the committed prefix did not grow."""
+        """Commit a step's positions; the stable text it added ("" if none), or None if the prefix did not grow."""
         base = self.prompt_len
         answer = self.answer
         for pos, tok in zip(delta.positions, delta.token_ids):
@@ -127,22 +120,18 @@ class RequestState:
 
     @property
     def text(self) -> str:
-        """The stable visible text (complete characters of the committed prefix)."""
         return self.detok.text if self.detok is not None else ""
 
     @property
     def tentative_text(self) -> str:
-        """The stable text and what its held-back tokens decode to for now (an incomplete
-        character shows as U+FFFD), as a full decode of the committed prefix would show it."""
+        """The stable text plus what its held-back tokens decode to for now (maybe ending in U+FFFD)."""
         return self.detok.flush() if self.detok is not None else ""
 
     def committed_prefix(self) -> list[int]:
-        """Visible answer tokens up to the first still-masked position (safe to show)."""
         return self.answer[: self.prefix_end]
 
     def visible_len(self) -> int:
-        """Up to the first committed stop token anywhere in the answer (exclusive), capped at
-        max_tokens (the client's answer length once everything before it is committed)."""
+        """Up to the first committed stop token anywhere in the answer (exclusive), capped at max_tokens."""
         if self._stop_set:
             for i in range(self._limit):
                 if self.answer[i] in self._stop_set:
@@ -151,8 +140,7 @@ class RequestState:
 
     def finish(self, text: str | None = None, finish_reason: str | None = None, error: str | None = None,
                text_cut: bool = False) -> GenerationOutput:
-        """Final output; `text` defaults to the whole visible text. `text_cut`: a stop string
-        ended the text (finish_reason "stop")."""
+        """Final output; `text` defaults to the whole visible text; `text_cut`: a stop string ended it."""
         if text is None:
             text = self.detok.flush() if self.detok is not None else ""
         n = self.visible_len()

@@ -1,10 +1,5 @@
-"""A request's events on their way to its consumer, in bounded memory whatever the consumer's pace.
-
-A client that reads slowly (or not at all) must not make the front process hold every event its
-request produces: text events carry the whole stable text so far, so a newer one replaces a text
-event still queued; progress events (one per forward, each with the canvas) are kept up to
-`max_events`, and one more ends the request through `on_overflow` (called once, never from
-inside `put_nowait`'s caller). The final output is always kept."""
+"""A request's events for its consumer, in bounded memory at any reading pace: a newer text event replaces a queued
+one; past `max_events` progress events, `on_overflow` is called once, soon after. The final output is always kept."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +23,7 @@ class StreamBuffer:
             if self.overflowed:
                 return
             if event.delta is None and items and items[-1].delta is None and items[-1].output is None:
-                items[-1] = event                  # the newer text supersedes the queued one
+                items[-1] = event
                 return
             if len(items) >= self.max_events:
                 self.overflowed = True

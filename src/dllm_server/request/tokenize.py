@@ -13,10 +13,8 @@ PLAIN_FAST = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def load_hf_tokenizer(folder: Path):
-    """tokenizer.json of a plain fast tokenizer directly; anything else (a named class such as
-    LlamaTokenizer over tokenizer.model, a BPE vocab.json + merges.txt) through transformers' own
-    AutoTokenizer, which also reads chat_template.jinja. A class that needs remote code falls back
-    to its tokenizer.json when there is one."""
+    """A plain fast tokenizer from tokenizer.json directly, anything else through AutoTokenizer; a class that
+    needs remote code falls back to tokenizer.json when there is one."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     cfg_file = folder / "tokenizer_config.json"
@@ -44,10 +42,8 @@ class Tokenizer:
         if not self.hf.chat_template:
             self.hf.chat_template = _template_file(Path(folder))
         self.vocab_size = len(self.hf)
-        # The most characters one token can stand for: a token's string is at least as long as
-        # the text it covers (byte-level: one character per byte; specials match literally).
+        # A token's string is at least as long as the text it covers (byte-level: a character per byte).
         self.max_token_chars = max(1, max(map(len, self.hf.get_vocab()), default=1))
-        # Progress streams name every committed token; a few ids recur, so remember them (bounded).
         self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -64,8 +60,6 @@ class Tokenizer:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
     def _token_text(self, token_id: int) -> str:
-        """One token's own text, special tokens by name. A byte-level token that is only part of
-        a UTF-8 character decodes to U+FFFD here."""
         return self.hf.decode([token_id], skip_special_tokens=False)
 
     def end_of_turn_ids(self) -> set[int]:
@@ -87,7 +81,6 @@ class Tokenizer:
 
 
 def _missing_sentencepiece(folder: Path) -> str | None:
-    """The packages transformers needs to read a tokenizer.model that are not installed, if any."""
     if not (folder / "tokenizer.model").is_file():
         return None
     absent = [pkg for pkg, mod in (("sentencepiece", "sentencepiece"), ("protobuf", "google.protobuf"))
@@ -104,8 +97,6 @@ def _no_module(name: str) -> bool:
 
 
 def _template_file(folder: Path) -> str | None:
-    """A chat template shipped beside the tokenizer (chat_template.jinja, or chat_template.json)
-    when the tokenizer class did not pick it up itself."""
     if (folder / "chat_template.jinja").is_file():
         return (folder / "chat_template.jinja").read_text()
     if (folder / "chat_template.json").is_file():

@@ -1,49 +1,66 @@
 """Leases: a request's next block continued on the worker that runs its current one, when the
-router would put it there anyway (its canvas stays resident; no re-dispatch round trip). The
-scheduler (`sched` below: scheduler/scheduler.py's Scheduler) collects the blocks that continued in
-a tick and decides their leases in one batched policy call here."""
+router would put it there anyway (its canvas stays resident; no re-dispatch round trip)."""
 from __future__ import annotations
 
+from typing import Callable
+
+from ..costmodel.worker_speed import WorkerLoadModel
 from ..decoding.params import BlockPolicy
 from ..messages import ContinueBlock, Evict
+from ..policy.base import DecodePolicy
 from .placement import WorkerLoad, keeps_request
-from .request_table import Entry
+from .request_table import Entry, RequestTable
+from .worker_table import WorkerTable
 
 
-def completion(sched, entry: Entry) -> dict[int, float] | None:
-    """Predicted completion of the request's next block per worker (routing = completion)."""
-    if sched.config.routing == "completion" and sched.config.placement == "colocated":
-        return sched.load.completion_estimates(range(len(sched.workers)), entry.state)
-    return None
+class Leases:
+    """Decides leases; the blocks that continued in place during a tick wait in `pending` and are
+    leased together, the policy asked once for all of them."""
 
+    def __init__(self, placement: str, routing: str, workers: WorkerTable, requests: RequestTable,
+                 load: WorkerLoadModel, policy: DecodePolicy, send: Callable[[int, object], None]):
+        self.by_completion = routing == "completion" and placement == "colocated"
+        self.placement, self.workers, self.requests = placement, workers, requests
+        self.load, self.policy, self.send = load, policy, send
+        self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block) continued this tick
 
-def keeps(sched, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
-    """Would the router run the request's next block on `wid`, where its current one runs?"""
-    st = entry.state
-    if st.block_index + 1 >= st.num_blocks:
-        return False
-    if st.params.block_causal:      # sticky: its pages hold exact KV, the worker goes on where it is
-        return True
-    loads = loads or sched.workers.loads(minus=entry.charged)   # the others' load, not this block's
-    return keeps_request(loads, sched.config.placement, wid, sched.workers.pages_for(st.prompt_len + st.answer_len),
-                         completion(sched, entry))
+    def completion(self, entry: Entry) -> dict[int, float] | None:
+        """Predicted completion of the request's next block per worker (routing = completion)."""
+        if self.by_completion:
+            return self.load.completion_estimates(range(len(self.workers)), entry.state)
+        return None
 
+    def keeps(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
+        """Would the router run the request's next block on `wid`, where its current one runs?"""
+        st = entry.state
+        if st.block_index + 1 >= st.num_blocks:
+            return False
+        if st.params.block_causal:      # sticky: its pages hold exact KV
+            return True
+        loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
+        return keeps_request(loads, self.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
+                             self.completion(entry))
 
-def lease(sched, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
-    """The next block's policy if the router would keep the request on `wid`, else None."""
-    st = entry.state
-    return sched.policy.block_policy(st, st.block_index + 1) if keeps(sched, entry, wid, loads) else None
+    def lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
+        """The next block's policy if the router would keep the request on `wid`, else None."""
+        st = entry.state
+        return self.policy.block_policy(st, st.block_index + 1) if self.keeps(entry, wid, loads) else None
 
+    def defer(self, entry: Entry, wid: int) -> None:
+        """Decide this block's lease with the tick's others (grant)."""
+        self.pending.append((entry, wid, entry.state.block_index))
 
-def grant_leases(sched, pending: list) -> None:
-    """Leases for the blocks that continued in place this tick ((entry, worker, block) each), the
-    policy asked once for all."""
-    live = [(e, w) for e, w, k in pending if not e.done and e.worker == w and e.state.block_index == k]
-    pending.clear()
-    for e, w in live:
-        if sched.workers[w].planned:      # continued on an instance being drained: ask the block back
-            sched.send(w, Evict(e.state.request_id, e.state.block_index))
-    todo = [(e, w) for e, w in live if keeps(sched, e, w)]
-    for (e, w), then in zip(todo, sched.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])):
-        sched.requests.set_lease(e, then)
-        sched.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))
+    def grant(self) -> None:
+        """Leases for the blocks that continued in place this tick, the policy asked once."""
+        if not self.pending:
+            return
+        live = [(e, w) for e, w, k in self.pending if not e.done and e.worker == w and e.state.block_index == k]
+        self.pending.clear()
+        for e, w in live:
+            if self.workers[w].planned:      # continued on an instance being drained: ask the block back
+                self.send(w, Evict(e.state.request_id, e.state.block_index))
+        todo = [(e, w) for e, w in live if self.keeps(e, w)]
+        policies = self.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])
+        for (e, w), then in zip(todo, policies):
+            self.requests.set_lease(e, then)
+            self.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))

@@ -1,12 +1,8 @@
-"""The central scheduler: the front process's loop body that composes the request table, the
-worker table and the handoff state machine. It routes every block (prefills and re-prefills by
-load, placement.py), leases continuations to the worker that holds a request when the router
-would keep it there, advances requests on worker messages, finishes, aborts and evicts them, and
-reacts to worker deaths. Synchronous and clock-injectable: the asyncio engine (or a simulator)
-calls it; it sends through `send(worker_id, msg)`."""
+"""The central scheduler: routes every block, leases continuations, advances requests on worker
+messages, finishes, aborts and evicts them, and reacts to worker deaths. Synchronous, with an
+injected clock and `send`: the server, the simulator and the offline LLM drive the same one."""
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import logging
@@ -19,7 +15,7 @@ from ..messages import (Abort, BlockDone, Evicted, HandoffDone, InstallKV, KVSen
                         PrefillDone, StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from ..request.output import advance, progress_event
-from .leases import completion, grant_leases, lease
+from .leases import Leases
 from .placement import pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
 from ..costmodel.worker_speed import WorkerLoadModel
@@ -32,30 +28,6 @@ from .worker_table import WorkerTable
 log = logging.getLogger(__name__)
 
 
-def _on_step(sched: "Scheduler", entry: Entry, wid: int, msg: StepDelta) -> None:
-    """A step of the request's block ran: its charge ends, its first step and first token are timed."""
-    if msg.step == 0 or entry.charged is not None:
-        sched.workers.uncharge(entry)
-    sched.requests.started(entry)
-    now = None
-    if entry.first_step_at is None:
-        entry.first_step_at = now = sched.clock()
-    if msg.positions and entry.first_token_at is None:
-        entry.first_token_at = now or sched.clock()
-    sched.handoffs.on_step(entry.state.request_id, wid)
-
-
-def retry_waiting(sched: "Scheduler") -> None:
-    """Held handoffs and blocks that found no worker with room, tried again."""
-    sched._run(sched.handoffs.retry_held())
-    pending = sched.requests.pending
-    for _ in range(len(pending)):
-        r = pending.popleft()
-        entry = sched.requests.get(r.request_id)
-        if entry is not None:
-            sched._dispatch(entry, r.policy, r.any_role, r.step_offset)
-
-
 @dataclass(slots=True)
 class _Retry:
     request_id: str
@@ -65,9 +37,12 @@ class _Retry:
 
 
 class Scheduler:
+    """A driver calls `add` / `abort` / `on_messages` as things happen, then `tick()` once at the
+    end of its turn: an observing policy's decisions of the turn are made there together."""
+
     def __init__(self, config, roles: list[str], tokenizer, send: Callable[[int, object], None],
                  policy: DecodePolicy, clock: Callable[[], float] = time.monotonic,
-                 load: WorkerLoadModel | None = None, defer: Callable[[Callable[[], None]], object] | None = None):
+                 load: WorkerLoadModel | None = None, batch_arrivals: bool = False):
         self.config = config
         self.tokenizer = tokenizer
         self.send = send
@@ -81,31 +56,41 @@ class Scheduler:
         self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self.ticks, self.tick_s = 0, 0.0               # on_messages calls and the time spent in them
-        self.ready_event = asyncio.Event()
-        self.failed_event = asyncio.Event()
-        self.failure: str | None = None                # startup failure of a worker
-        self._leases: list = []                        # (entry, worker, block) continued this tick, lease to decide
-        # An observing policy's admissions wait for the loop turn's end (`defer`: loop.call_soon), decided in one
-        # batched call and sent together (one each spread a burst: a worker's first iteration ran its first alone);
-        # its revisions too, after the turn's finished requests are answered (40 in flight: ~47 ms a revision,
-        # timed once around the call, docs/slo.md).
-        self.defer = defer
+        self.leases = Leases(config.placement, config.routing, self.workers, self.requests, self.load, policy, send)
+        self.failure: str | None = None                # why a worker failed to start
+        # With batch_arrivals (the server), an observing policy decides a turn's arrivals in one batched call
+        # (one at a time, a burst's first iteration would seat only its first request).
+        self.batch_arrivals = batch_arrivals
         self._arrivals: list[Entry] = []
-        self._deferred: set = set()
+        self._revise_due = False
 
     # ---- requests ----
     def add(self, entry: Entry) -> None:
         entry.arrived_at = entry.state.arrived_at = self.clock()
         self.requests.add(entry)
-        if self.defer is not None and self.policy.observes:
+        if self.batch_arrivals and self.policy.observes:
             self._arrivals.append(entry)
-            self._later(self.admit_arrivals)
         else:
             self._dispatch(entry, self._block_policy(entry))
 
-    def admit_arrivals(self) -> None:
-        """The requests added since the last call: their first blocks decided in one batched call,
-        dispatched together, their next blocks' leases decided together after that."""
+    def tick(self) -> None:
+        """The end of the driver's turn: the turn's arrivals admitted together (their next blocks'
+        leases too), then the policy's revisions of running blocks and leases."""
+        if self._arrivals:
+            self._admit_arrivals()
+        if self._revise_due:
+            self._revise_due = False
+            self._revise()
+
+    @property
+    def has_tick_work(self) -> bool:
+        return bool(self._arrivals) or self._revise_due
+
+    @property
+    def is_ready(self) -> bool:
+        return self.workers.all_ready
+
+    def _admit_arrivals(self) -> None:
         arrivals = [e for e in self._arrivals if not e.done and e.worker is None]
         self._arrivals.clear()
         if not arrivals:
@@ -113,16 +98,7 @@ class Scheduler:
         policies = self.policy.block_policies([(e.state, e.state.block_index) for e in arrivals])
         for entry, policy in zip(arrivals, policies):
             self._dispatch(entry, policy, lease_later=True)
-        if self._leases:
-            grant_leases(self, self._leases)
-
-    def _later(self, fn: Callable[[], None]) -> None:
-        """`fn` once at the end of this loop turn however often asked (now, without a loop)."""
-        if self.defer is None:
-            return fn()
-        if fn not in self._deferred:
-            self._deferred.add(fn)
-            self.defer(lambda: (self._deferred.discard(fn), fn()))
+        self.leases.grant()
 
     def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> None:
         entry = self.requests.get(request_id)
@@ -143,7 +119,7 @@ class Scheduler:
             loads = [dataclasses.replace(w, role="colocated") for w in loads]
             wid = pick_prefill_worker(loads, "colocated", pages, 0)
         else:
-            est = completion(self, entry)
+            est = self.leases.completion(entry)
             wid = pick_by_completion(loads, est, pages) if est else \
                 pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:
@@ -154,10 +130,10 @@ class Scheduler:
             self.counters.prefills_overflowed += 1
         handoff = role == "prefill" and not any_role
         stream_to = self.handoffs.begin(st.request_id, st.block_index, wid, pages, policy) if handoff else None
-        then = None if handoff or lease_later else lease(self, entry, wid, loads)
+        then = None if handoff or lease_later else self.leases.lease(entry, wid, loads)
         self.requests.set_lease(entry, then)
         if lease_later and not handoff:
-            self._leases.append((entry, wid, st.block_index))      # decided with the batch's others (leases.keeps)
+            self.leases.defer(entry, wid)
         msg = st.submit_msg(policy, then, step_offset)
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
@@ -181,8 +157,8 @@ class Scheduler:
 
     # ---- worker messages ----
     def on_messages(self, wid: int, batch: list) -> None:
+        """One worker's batch (one turn of its pump), then its leases and the retries it allows."""
         t0 = time.perf_counter()
-        observes = self.policy.observes
         for msg in batch:
             if isinstance(msg, LoadReport):
                 if self.workers.on_report(wid, msg):
@@ -196,21 +172,17 @@ class Scheduler:
             elif isinstance(msg, WorkerReady):
                 self.workers.on_ready(msg)
                 self.load.seed(wid, msg.profile)
-                if self.workers.all_ready:
-                    self.ready_event.set()
             elif isinstance(msg, WorkerFailed):
                 log.error("worker %d failed:\n%s", wid, msg.traceback)
-                if not self.ready_event.is_set():
-                    self.startup_failed(f"worker {wid} failed to start:\n{msg.traceback}")
+                self.failure = self.failure or f"worker {wid} failed to start:\n{msg.traceback}"
             else:
                 entry = self.requests.get(msg.request_id)
                 if entry is not None:
                     self._on_request_message(entry, wid, msg)
-        if self._leases:
-            grant_leases(self, self._leases)
-        retry_waiting(self)
-        if observes:
-            self._later(self._revise)
+        self.leases.grant()
+        self.retry_waiting()
+        if self.policy.observes:
+            self._revise_due = True
         self.ticks += 1
         self.tick_s += time.perf_counter() - t0
 
@@ -222,14 +194,32 @@ class Scheduler:
             if (out := self.requests.revision(rid, k, policy)) is not None:
                 self.send(*out)
 
-    def startup_failed(self, reason: str) -> None:
-        self.failure = self.failure or reason
-        self.failed_event.set()
+    def retry_waiting(self) -> None:
+        """Held handoffs and blocks that found no worker with room, tried again."""
+        self._run(self.handoffs.retry_held())
+        pending = self.requests.pending
+        for _ in range(len(pending)):
+            r = pending.popleft()
+            entry = self.requests.get(r.request_id)
+            if entry is not None:
+                self._dispatch(entry, r.policy, r.any_role, r.step_offset)
+
+    def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
+        """A step of the request's block ran: its charge ends, its first step and token are timed."""
+        if msg.step == 0 or entry.charged is not None:
+            self.workers.uncharge(entry)
+        self.requests.started(entry)
+        now = None
+        if entry.first_step_at is None:
+            entry.first_step_at = now = self.clock()
+        if msg.positions and entry.first_token_at is None:
+            entry.first_token_at = now or self.clock()
+        self.handoffs.on_step(entry.state.request_id, wid)
 
     def _on_request_message(self, entry: Entry, wid: int, msg) -> None:
         st = entry.state
         if isinstance(msg, StepDelta):
-            _on_step(self, entry, wid, msg)
+            self._on_step(entry, wid, msg)
         elif isinstance(msg, Evicted):
             if msg.removed and entry.worker == wid and st.block_index == msg.block_index:
                 self.workers.uncharge(entry)             # taken back before it started: run it elsewhere
@@ -262,7 +252,7 @@ class Scheduler:
             self.counters.blocks_continued += 1
             if not st.params.block_causal:          # a re-prefill to come there (block-causal: none)
                 self.workers.charge(entry, wid, st.prompt_len + st.answer_len)
-            self._leases.append((entry, wid, st.block_index))        # decided with the tick's others
+            self.leases.defer(entry, wid)
         elif outcome.next_block:
             self._dispatch(entry, self._block_policy(entry))
 
@@ -276,7 +266,7 @@ class Scheduler:
                 continue
             if isinstance(a, InstallBlock):
                 # block-causal: the decode worker keeps the request, with the next block's lease
-                then = lease(self, entry, a.dst) if entry.state.params.block_causal else None
+                then = self.leases.lease(entry, a.dst) if entry.state.params.block_causal else None
                 self.requests.set_lease(entry, then)
                 self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
             elif isinstance(a, Moved):

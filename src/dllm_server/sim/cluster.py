@@ -192,11 +192,12 @@ class Simulator:
             ready.append(msg)
         for msg in ready:
             self.scheduler.on_messages(msg.worker_id, [msg])
+            self.scheduler.tick()
         self.results: dict[int, RequestResult] = {}
         self.entries: dict[int, Entry] = {}
         self.num_events = 0
         self.arrivals_left = 0
-        self.regroup = None                              # a sim/regroup.py Reconfigurer, if one drives regroups
+        self.regroup = None                              # sim/regroup.py's SimRegroups, if a Reconfigurer runs
 
     def make_worker(self, wid: int, c, num_pages: int) -> tuple[_Worker, WorkerReady]:
         """A fresh worker for slot `wid` (its own WorkerCore, page pool and cost model) and the
@@ -265,9 +266,9 @@ class Simulator:
             self._push(req.arrival_s, ARRIVE, seq, req)
         self.arrivals_left = len(requests)
         if self.regroup is not None:
-            self.regroup.start()
+            self.regroup.on_start()
         heap, pop = self._heap, heapq.heappop
-        on_messages = self.scheduler.on_messages
+        on_messages, tick = self.scheduler.on_messages, self.scheduler.tick
         while heap:
             at, _, _, kind, a, b = pop(heap)
             if max_sim_s is not None and at > max_sim_s:
@@ -277,8 +278,9 @@ class Simulator:
             if kind == TO_FRONT:
                 if not a.retired:
                     on_messages(a.wid, b)
-                    if self.regroup is not None and self.regroup.active is not None:
-                        self.regroup.poll()
+                    tick()
+                    if self.regroup is not None and self.regroup.active:
+                        self.regroup.driver.poll()
             elif kind == TURN:
                 if not a.retired:
                     self._turn(a)
@@ -321,6 +323,7 @@ class Simulator:
         self.behaviour.register(rid, seq, req)
         entry = self.entries[seq] = Entry(st, _Sink(self, seq), STREAM_NONE, self.now)
         self.scheduler.add(entry)
+        self.scheduler.tick()
 
     def _finished(self, seq: int, output) -> None:
         entry = self.entries.pop(seq)

@@ -1,0 +1,106 @@
+"""The server's side of regroups: the worker processes as the Reconfigurer's actuator, the
+planner's period, and `reconfigure()` driven on the wall clock until the regroup is done."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from ..cluster.layout import Layout
+from ..cluster.regroup import Reconfigurer, RegroupRecord
+from ..config import ServerConfig
+from ..executor.watchdog import Watchdog
+from ..executor.worker_pool import WorkerPool
+from ..scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class ServerRegroups:
+    """`roles` and `devices` are the pool's own lists (a regroup may add slots to them)."""
+
+    def __init__(self, config: ServerConfig, scheduler: Scheduler, pool: WorkerPool, watchdog: Watchdog,
+                 roles: list[str], devices: list, heads: tuple[int, int], layout: Layout):
+        self.config, self.pool, self.watchdog, self.roles, self.devices = config, pool, watchdog, roles, devices
+        self.heads = heads
+        self.device_list = [d for devs in devices for d in devs]       # what a regroup divides
+        # one host (mp backend): its devices are one node for stage 2's aligned slots
+        self.driver = Reconfigurer(scheduler, self, time.monotonic, layout, heads, len(self.device_list),
+                                   on_done=self._done)
+        self._done_future: asyncio.Future | None = None
+        self._stop_lock = asyncio.Lock()
+        self._planner: asyncio.Task | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return self.driver.layout
+
+    async def reconfigure(self, degrees: list[int], timeout_s: float = 120.0) -> dict:
+        if self.config.placement != "colocated" or self.config.distributed_executor_backend != "mp":
+            raise ValueError("reconfigure: only colocated placement with the mp backend regroups (disaggregated "
+                             "and hybrid hand KV between fixed workers; ray places its bundles at start)")
+        if not degrees or sum(degrees) != len(self.device_list):
+            raise ValueError(f"reconfigure: degrees {degrees} must add up to the {len(self.device_list)} devices")
+        for d in degrees:
+            self.config.replace(tensor_parallel_size=d).check_model_heads(*self.heads)
+        if self.driver.active is not None:
+            raise RuntimeError("reconfigure: a regroup is already running")
+        self.driver.begin(degrees, "asked")
+        return await self._until_done(timeout_s)
+
+    async def _until_done(self, timeout_s: float) -> dict:
+        """Poll the running regroup on the wall clock until it finishes; its result."""
+        rg = self.driver.active
+        self._done_future = done = asyncio.get_running_loop().create_future()
+        deadline = rg.started_at + timeout_s
+        while not done.done():
+            self.driver.poll()
+            now = time.monotonic()
+            if len(rg.drained_at) < len(rg.stop) and now > deadline:
+                raise TimeoutError(f"reconfigure: instances {sorted(rg.stop - set(rg.drained_at))} not drained in "
+                                   f"{timeout_s:g} s")
+            if now > deadline + 120:
+                raise TimeoutError(f"reconfigure: new instances {sorted(rg.start)} not ready")
+            await asyncio.sleep(0.01)
+        return done.result().result
+
+    def _done(self, record: RegroupRecord) -> None:
+        if self._done_future is not None and not self._done_future.done():
+            self._done_future.set_result(record)
+
+    # ---- the Actuator ----
+    def stop(self, slot: int) -> None:
+        async def stop_then_report():
+            async with self._stop_lock:          # the pool stops one instance at a time
+                await asyncio.get_running_loop().run_in_executor(None, self.pool.retire, slot)
+            self.watchdog.reset(slot)
+            self.driver.stopped(slot)
+        asyncio.ensure_future(stop_then_report())
+
+    def start(self, slot: int, devices: tuple[int, ...]) -> None:
+        while len(self.roles) <= slot:              # more instances than slots so far
+            self.roles.append("colocated")
+            self.devices.append(())
+        self.devices[slot] = tuple(self.device_list[i] for i in devices)
+        self.watchdog.reset(slot)
+        self.pool.start_instance(slot)
+
+    # ---- the planner's period ----
+    def start_planner(self, serving: Callable[[], bool]) -> None:
+        self._planner = asyncio.ensure_future(self._plan(serving))
+
+    def stop_planner(self) -> None:
+        if self._planner is not None:
+            self._planner.cancel()
+
+    async def _plan(self, serving: Callable[[], bool]) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconfigure_period_s)
+            if not serving() or self.driver.active is not None:
+                continue
+            try:
+                if self.driver.plan() is not None:
+                    await self._until_done(120.0)
+            except Exception:                 # a planner failure must not take the server down
+                log.exception("reconfiguration planner failed; the layout stays")
