@@ -8,8 +8,8 @@ from dllm_server.engine.async_engine import AsyncEngine
 
 
 @contextlib.asynccontextmanager
-async def running(config: ServerConfig):
-    engine = AsyncEngine(config)
+async def running(config: ServerConfig, hooks=None):
+    engine = AsyncEngine(config, hooks=hooks)
     await engine.start(timeout_s=120)
     try:
         yield engine

@@ -74,3 +74,40 @@ def test_serve_with_an_invalid_tensor_parallel_degree_fails_with_one_line_before
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["dllm-server: error: tensor_parallel_size: 3 does not divide the model's 4 attention heads and "
                    "4 KV heads (allowed: 1, 2, 4)"]
+
+
+def test_flags_come_in_sections_and_the_configuration_page_is_current():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dllm_server.config import SECTIONS, section_of
+    names = [f.name for f in config_fields()]
+    assert sorted(names) == sorted(f.name for s in SECTIONS for f in dataclasses.fields(s))   # each in one section
+    assert section_of("token_budget").SECTION == "scheduling" and section_of("port").SECTION == "HTTP"
+    assert not {"causal", "fail_every_n_forwards", "hang_at_forward"} & set(names)   # test hooks: TestHooks
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    assert all(f"{s.SECTION} options" in help_text for s in SECTIONS)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "config_docs.py"
+    run = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+
+
+def test_test_hooks_parse_and_reject_unknown_names():
+    from dllm_server.config import TestHooks
+    assert TestHooks.parse("") == TestHooks()
+    assert TestHooks.parse("causal=1, hang_at_forward=40") == TestHooks(causal=True, hang_at_forward=40)
+    with pytest.raises(ValueError, match="unknown hook 'hang'"):
+        TestHooks.parse("hang=3")
+    assert ServerConfig().worker_config(TestHooks(fail_every_n_forwards=5)).hooks.fail_every_n_forwards == 5
+
+
+@pytest.mark.parametrize("field,value,message", [("port", 0, "port: must be in [1, 65535], got 0"),
+                                                 ("threshold", 1.5, "threshold: must be in [0.0, 1.0], got 1.5"),
+                                                 ("keep_alive_s", 0.0, "keep_alive_s: must be > 0.0, got 0.0"),
+                                                 ("tensor_parallel_size", True, "must be a number"),
+                                                 ("served_model_name", "", "must not be empty")])
+def test_field_rules_come_from_the_field_metadata(field, value, message):
+    with pytest.raises(ValueError) as e:
+        ServerConfig(**{field: value})
+    assert message in str(e.value)

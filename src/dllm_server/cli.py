@@ -1,8 +1,8 @@
 """Command line: `dllm-server {serve,generate,make-tiny-model,calibrate,plan}`.
 
 Flags for ServerConfig are generated from its fields (help and choices from field metadata);
-unset flags are suppressed so the dataclass default is the only default. DLLM_API_KEY is the one
-environment mapping and lives here.
+unset flags are suppressed so the dataclass default is the only default. The environment mappings
+live here: DLLM_API_KEY, and DLLM_TEST_HOOKS (the test suite's fault injection, config.TestHooks).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import sys
 import typing
 
-from .config import ServerConfig, config_fields
+from .config import SECTIONS, ServerConfig, TestHooks, config_fields
 from .decoding.params import SamplingParams
 
 
@@ -40,19 +40,21 @@ def _parse_optional(base):
 
 
 def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("model",)) -> None:
-    for f in config_fields():
-        if f.name in skip:
-            continue
-        base, optional = _field_type(f)
-        flag = "--" + f.name.replace("_", "-")
-        meta = f.metadata
-        help_text = f"{meta.get('help', '')} (default: {f.default})"
-        if base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                                help=help_text)
-        else:
-            parser.add_argument(flag, type=_parse_optional(base) if optional else base,
-                                choices=meta.get("choices"), default=argparse.SUPPRESS, help=help_text)
+    """One flag per ServerConfig field, in an argument group per config section."""
+    for section in SECTIONS:
+        group = parser.add_argument_group(f"{section.SECTION} options", section.__doc__)
+        for f in dataclasses.fields(section):
+            if f.name in skip:
+                continue
+            base, optional = _field_type(f)
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
+            if base is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                   help=help_text)
+            else:
+                group.add_argument(flag, type=_parse_optional(base) if optional else base,
+                                   choices=f.metadata.get("choices"), default=argparse.SUPPRESS, help=help_text)
 
 
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -186,7 +188,7 @@ def _run(ns: argparse.Namespace) -> int:
         return run_plan(ns)
     if ns.command == "serve":
         from .api.server import run_server
-        return run_server(config_from_args(ns))
+        return run_server(config_from_args(ns), TestHooks.parse(os.environ.get("DLLM_TEST_HOOKS", "")))
     return 2
 
 

@@ -1,35 +1,74 @@
-"""ServerConfig: the single source of every default (CLI, tests and benchmarks derive from it).
-
-Only plain values live here; runtime facts (mask id, page counts measured on a device) never
-come back into the config. Imports nothing from the package and never touches torch.
+"""ServerConfig: the single source of every default (CLI, docs/configuration.md, tests and benchmarks
+derive from it), in sections; each field carries its help and the rules it is checked against.
+Only plain values: runtime facts never come back into the config. Imports nothing from the package.
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 CACHE_MODES = ("none", "prefix", "dual")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DREAM_DECODING = ("fast_dllm", "shifted")
+_BOUNDS = ("ge", "gt", "le", "lt")
+_CHECKS = (("ge", operator.ge), ("gt", operator.gt), ("le", operator.le), ("lt", operator.lt))
 
 
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help, **kw})
+def _f(default, help: str, **rules):
+    """A config field: its help text and rules (choices, ge / gt / le / lt, nonempty) in its metadata."""
+    return field(default=default, metadata={"help": help, **rules})
 
 
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    # --- model ---
+def _range(meta) -> str:
+    lo = f"[{meta['ge']}" if "ge" in meta else f"({meta['gt']}" if "gt" in meta else None
+    hi = f"{meta['le']}]" if "le" in meta else f"{meta['lt']})" if "lt" in meta else None
+    if lo and hi:
+        return f"in {lo}, {hi}"
+    return f">= {meta['ge']}" if "ge" in meta else f"> {meta['gt']}" if "gt" in meta else \
+        f"<= {meta['le']}" if "le" in meta else f"< {meta['lt']}"
+
+
+def check_fields(obj) -> None:
+    """Every field of a config dataclass against the rules in its metadata (ValueError naming it)."""
+    for f in dataclasses.fields(obj):
+        value, meta = getattr(obj, f.name), f.metadata
+        if value is None:
+            continue                     # None is the documented default or "unlimited" where the type allows it
+        if "choices" in meta and value not in meta["choices"]:
+            raise ValueError(f"{f.name}: must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+        if meta.get("nonempty") and value == "":
+            raise ValueError(f"{f.name}: must not be empty (leave it unset for the default)")
+        if any(b in meta for b in _BOUNDS):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{f.name}: must be a number, got {value!r}")
+            if not all(op(value, meta[b]) for b, op in _CHECKS if b in meta):
+                raise ValueError(f"{f.name}: must be {_range(meta)}, got {value}")
+
+
+@dataclass(frozen=True)
+class _Section:
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    """Which checkpoint and how it runs on the device."""
+    SECTION: ClassVar[str] = "model"
+
     model: str | None = _f(None, "HF checkpoint folder or Hugging Face model id (ORG/NAME, fetched through "
-                           "huggingface_hub: HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply); none = the embedded demo model")
-    revision: str | None = _f(None, "model id only: the branch, tag or commit to fetch (default: main)")
+                           "huggingface_hub: HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply); none = the embedded demo model",
+                           nonempty=True)
+    revision: str | None = _f(None, "model id only: the branch, tag or commit to fetch (default: main)", nonempty=True)
     download_dir: str | None = _f(None, "model id only: the Hugging Face cache folder to use (default: HF_HUB_CACHE, "
-                                  "under HF_HOME)")
+                                  "under HF_HOME)", nonempty=True)
     generation_config: str | None = _f("auto", "request defaults (temperature, top_p, top_k, min_p, max_new_tokens) "
                                        "and EOS ids from generation_config.json: auto = the model folder's, a folder "
-                                       "path = that folder's, none = ignore it (server defaults only)")
+                                       "path = that folder's, none = ignore it (server defaults only)", nonempty=True)
     served_model_name: str | None = _f(None, "name reported by /v1/models (default: the model id, else the folder "
-                                       "name)")
+                                       "name)", nonempty=True)
     dtype: str = _f("auto", "weights and KV dtype: auto (checkpoint's; on CPU fp32 for fp16/bf16 ones), "
                     "float32, bfloat16, float16, float64", choices=DTYPES)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available)", choices=("auto", "cpu", "cuda"))
@@ -39,10 +78,16 @@ class ServerConfig:
     enforce_eager: bool = _f(False, "CUDA: run decode-only iterations eagerly instead of replaying CUDA graphs "
                              "captured per (batch, block, key length) bucket")
     skip_tokenizer_init: bool = _f(False, "allow a checkpoint without tokenizer files (prompts as token ids)")
-    # --- decoding (server-wide defaults; requests may override the sampling ones) ---
-    block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)")
+
+
+@dataclass(frozen=True)
+class DecodeConfig(_Section):
+    """Server-wide decoding defaults (requests may override the sampling ones) and the threshold policy."""
+    SECTION: ClassVar[str] = "decode policy"
+
+    block_length: int = _f(32, "tokens per diffusion block (Fast-dLLM default 32)", ge=1)
     cache: str = _f("dual", "KV reuse inside a block: none (exact), prefix or dual", choices=CACHE_MODES)
-    threshold: float = _f(0.9, "default confidence threshold for parallel commits")
+    threshold: float = _f(0.9, "default confidence threshold for parallel commits", ge=0.0, le=1.0)
     dream_decoding: str = _f("fast_dllm", "Dream under the prefix / dual cache: fast_dllm (Fast-dLLM's block sampler: "
                              "a block's full forward commits only its first position, cached steps feed from the "
                              "block start) or shifted (dInfer's window from one position earlier; docs/decoding.md)",
@@ -50,7 +95,7 @@ class ServerConfig:
     fixed_matmul_rows: int = _f(0, "run every projection as matmuls of exactly this many rows (the last "
                                 "zero-padded), so a row's result never depends on what it is batched with, on "
                                 "kernels where it otherwise does (each worker checks at start: /version, "
-                                "dllm:batch_invariant; docs/decoding.md). 0: one matmul per projection")
+                                "dllm:batch_invariant; docs/decoding.md). 0: one matmul per projection", ge=0)
     block_causal_finalise: str = _f("fused", "block-causal families (SDAR): fused writes a finished block's KV in "
                                     "the next block's first forward (exact, a forward a block saved); separate "
                                     "runs a forward of its own for it first (the unfused reference); recompute "
@@ -59,40 +104,63 @@ class ServerConfig:
     enable_prefix_caching: bool = _f(True, "block-causal families (SDAR): share committed prompt KV across "
                                      "requests with the same prefix (exact; LLaDA / Dream never: their prompt KV "
                                      "depends on the answer). Off under block_causal_finalise recompute (it rewrites the prefix)")
-    # --- scheduling (per worker) ---
-    token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
-                                  "none = unlimited (prefill priority)")
-    max_active_decodes: int = _f(64, "cap on seated in-block decodes per worker iteration")
-    credit_share: float = _f(0.125, "share of tau a waiting prefill earns per iteration even when decodes alone "
-                             "exceed tau (the starvation bound of the deficit scheduler)")
-    # --- SLO-aware decoding (DiLaServe) ---
     threshold_policy: str = _f("fixed", "fixed: every block commits at the request's threshold (else --threshold); "
                                "slo: per block, the highest candidate threshold whose predicted remaining latency "
                                "fits the request's SLO (slo_ms)", choices=("fixed", "slo"))
     slo_thresholds: str = _f("0.95,0.9,0.8,0.7,0.6,0.5", "candidate thresholds of the slo policy, comma-separated")
     default_slo_ms: float | None = _f(None, "SLO of a request that gives no slo_ms; none: such a request decodes at "
-                                      "the highest threshold load control allows")
-    quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose")
+                                      "the highest threshold load control allows", gt=0.0)
+    quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose",
+    ge=0.0, le=1.0)
     slo_raise_slack: float = _f(0.3, "slo policy: a threshold above --threshold only when its predicted latency "
                                 "leaves this share of the request's remaining SLO budget unused, for a request alone on "
-                                "its worker, never while load control caps thresholds (docs/slo.md)")
+                                "its worker, never while load control caps thresholds (docs/slo.md)", ge=0.0, lt=1.0)
     load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
                             "exceed the cluster's capacity")
     load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the "
-                            "workers can run within the SLO (headroom for bursts of Poisson-like arrivals)")
+                            "workers can run within the SLO (headroom for bursts of Poisson-like arrivals)",
+                            ge=0.1, le=1.0)
     step_predictor: str | None = _f(None, "step predictor artefact (JSON); none: step_predictor.json in the model "
                                     "folder when present, else the simple estimator")
-    trace_dir: str | None = _f(None, "write per-step decoding traces (JSONL) to this folder (to train the step "
-                               "predictor)")
-    # --- KV cache ---
-    page_size: int = _f(16, "tokens per KV page")
-    num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens")
-    kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)")
-    # --- placement ---
+    seed: int = _f(0, "seed for requests that give none")
+
+
+@dataclass(frozen=True)
+class SchedulingConfig(_Section):
+    """Each worker's deficit token budget and KV pages, and how the front routes blocks."""
+    SECTION: ClassVar[str] = "scheduling"
+
+    token_budget: int | None = _f(1024, "tau: tokens per iteration for the deficit scheduler; "
+                                  "none = unlimited (prefill priority)", ge=1)
+    max_active_decodes: int = _f(64, "cap on seated in-block decodes per worker iteration", ge=1)
+    credit_share: float = _f(0.125, "share of tau a waiting prefill earns per iteration even when decodes alone "
+                             "exceed tau (the starvation bound of the deficit scheduler)", gt=0.0, le=1.0)
+    page_size: int = _f(16, "tokens per KV page", ge=1)
+    num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens", ge=1)
+    kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)", ge=1)
+    routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
+                      "(load) or with the earliest predicted completion from its step-time model (completion)",
+                      choices=("load", "completion"))
+    overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows", ge=0)
+    kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver is picked at "
+                          "dispatch and each layer is sent as the prefill forward finishes it) or "
+                          "after_prefill (picked and sent once the prefill step is done)",
+                          choices=("layerwise", "after_prefill"))
+
+
+@dataclass(frozen=True)
+class ClusterConfig(_Section):
+    """Worker processes: placement, instances, tensor parallelism, Ray, regrouping, health and memory."""
+    SECTION: ClassVar[str] = "cluster"
+
     placement: str = _f("colocated", "colocated, disaggregated or hybrid",
                         choices=("colocated", "disaggregated", "hybrid"))
-    num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)")
-    num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement")
+    num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)", ge=1)
+    num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement", ge=1)
+    tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
+                                   "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
+                                   "heads and MLP rows; must divide the model's attention and KV heads; colocated "
+                                   "placement only for now (docs/parallelism.md)", ge=1)
     distributed_executor_backend: str = _f("mp", "how worker processes start: mp (local subprocesses) or ray "
                                            "(Ray actors on a Ray cluster, maybe on other nodes; docs/multinode.md)",
                                            choices=("mp", "ray"))
@@ -106,158 +174,101 @@ class ServerConfig:
                            "serving, by DiLaServe's two-stage ILP every reconfigure_period_s (colocated, mp backend, "
                            "slo policy; docs/reconfiguration.md)")
     reconfigure_period_s: float = _f(60.0, "how often the reconfiguration planner decides (bursts shorter than "
-                                     "this are load control's)")
-    reconfigure_min_gain: float = _f(0.02, "the least gain in mean threshold a regroup must bring (hysteresis)")
+                                     "this are load control's)", gt=0.0)
+    reconfigure_min_gain: float = _f(0.02, "the least gain in mean threshold a regroup must bring (hysteresis)",
+    ge=0.0, lt=1.0)
     reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out of service at "
                                        "once: it runs in waves, the next draining when the previous wave's new "
                                        "instances serve (an instance that must be formed whole may exceed it; 1: "
-                                       "all at once)")
+                                       "all at once)", gt=0.0, le=1.0)
     reconfigure_prior_serial_share: float = _f(0.4, "the planner's prior for a degree no instance has run: the "
                                                "share s of a degree-1 step that tensor parallelism does not "
-                                               "shorten, speed-up 1 / (s + (1 - s) / d) (0.4 fits the roofline TP "
-                                               "cost model's batch-32 speed-ups 1.4 / 1.8 / 2.1 at TP2 / 4 / 8; 0: "
-                                               "the linear 1/d)")
-    tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
-                                   "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
-                                   "heads and MLP rows; must divide the model's attention and KV heads; colocated "
-                                   "placement only for now (docs/parallelism.md)")
-    kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver is picked at "
-                          "dispatch and each layer is sent as the prefill forward finishes it) or "
-                          "after_prefill (picked and sent once the prefill step is done)",
-                          choices=("layerwise", "after_prefill"))
-    overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows")
-    routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
-                      "(load) or with the earliest predicted completion from its step-time model (completion)",
-                      choices=("load", "completion"))
-    threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers")
-    # --- server ---
-    host: str = _f("127.0.0.1", "bind address")
-    port: int = _f(8000, "bind port")
-    api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
-    max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503")
-    default_chat_max_tokens: int = _f(128, "max_tokens of a chat request that gives none")
-    default_completion_max_tokens: int = _f(16, "max_tokens of a completion request that gives none (OpenAI's 16)")
-    allowed_origins: str = _f("*", "CORS allowed origins, comma-separated")
-    keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence")
-    shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests")
+                                               "shorten, speed-up 1 / (s + (1 - s) / d) (docs/reconfiguration.md; "
+                                               "0: the linear 1/d)", ge=0.0, lt=1.0)
+    threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers", ge=1)
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
-    playground: bool = _f(True, "serve the web playground (the canvas being denoised, live) at /playground; "
-                          "/ redirects there")
-    # --- limits and timeouts (docs/reliability.md) ---
-    max_request_body_bytes: int = _f(4 << 20, "largest request body; a bigger one is refused with 413 while it is "
-                                     "read, before any parsing")
-    body_read_timeout_s: float = _f(30.0, "a request body not received in full within this many seconds: 408")
-    max_messages: int = _f(512, "most messages in one chat request")
-    max_stop_strings: int = _f(16, "most stop strings in one request")
-    max_stop_chars: int = _f(256, "longest stop string, in characters")
-    max_prompts_per_request: int = _f(256, "most prompts in one completions request")
-    stream_buffer_events: int = _f(512, "events buffered for one stream whose client lags; beyond it the request "
-                                   "ends with an error (text streams coalesce and never reach it)")
-    socket_send_buffer_bytes: int = _f(256 << 10, "kernel send buffer of each client connection (SO_SNDBUF; 0: "
-                                       "autotuned, up to megabytes): what a client that stops reading can leave "
-                                       "queued in the kernel before its stream stalls")
-    stream_stall_timeout_s: float = _f(30.0, "a streaming client that accepts no data for this many seconds is "
-                                       "disconnected and its request aborted (KV freed)")
     worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "
-                                       "many seconds is killed and treated as dead; 0 turns the watchdog off")
-    # --- worker memory (docs/reliability.md) ---
+                                       "many seconds is killed and treated as dead; 0 turns the watchdog off", ge=0.0)
     cpu_kernel_cache_entries: int = _f(64, "CPU workers: bound oneDNN's two per-shape kernel caches (its primitive "
-                                       "cache and ideep's, 1024 entries each by default, ~0.3 MB an entry) to this "
-                                       "many entries each; bf16/fp16 matmuls of mixed traffic's many shapes fill "
-                                       "them and grew a soaked worker by 82 MB in 10 min. 0: the libraries' defaults")
+                                       "cache and ideep's, 1024 entries each by default) to this many entries "
+                                       "each (docs/reliability.md); 0: the libraries' defaults", ge=0)
     worker_malloc_trim_s: float = _f(10.0, "a worker that goes idle returns freed heap memory to the OS "
-                                     "(glibc malloc_trim) at most this often; 0: never")
+                                     "(glibc malloc_trim) at most this often; 0: never", ge=0.0)
     cpu_malloc_hold_mb: int = _f(128, "CPU workers: glibc keeps up to this many MB of freed activations for reuse "
                                  "(its mmap and trim thresholds) instead of page-faulting fresh memory every "
-                                 "forward (up to 17 percent of a loaded forward here); the idle trim still returns "
-                                 "it. 0: glibc's defaults; at most 2047")
-    # --- testing only ---
-    causal: bool = _f(False, "TEST ONLY: causal attention (cache-exactness oracle)")
-    fail_every_n_forwards: int = _f(0, "TEST ONLY: every n-th worker forward raises (error-path tests)")
-    hang_at_forward: int = _f(0, "TEST ONLY: each worker's first process hangs (sleeps forever) in its n-th "
-                              "forward; a restarted one does not (watchdog tests)")
-    seed: int = _f(0, "seed for requests that give none")
+                                 "forward; the idle trim still returns "
+                                 "it. 0: glibc's defaults; at most 2047", ge=0, le=2047)
+
+
+@dataclass(frozen=True)
+class HTTPConfig(_Section):
+    """The OpenAI-compatible server: binding, auth, defaults, and the limits that protect it (docs/reliability.md)."""
+    SECTION: ClassVar[str] = "HTTP"
+
+    host: str = _f("127.0.0.1", "bind address")
+    port: int = _f(8000, "bind port", ge=1, le=65535)
+    api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
+    max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503", ge=1)
+    default_chat_max_tokens: int = _f(128, "max_tokens of a chat request that gives none", ge=1)
+    default_completion_max_tokens: int = _f(16, "max_tokens of a completion request that gives none (OpenAI's 16)",
+    ge=1)
+    allowed_origins: str = _f("*", "CORS allowed origins, comma-separated")
+    keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence", gt=0.0)
+    shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests", ge=0.0)
+    playground: bool = _f(True, "serve the web playground (the canvas being denoised, live) at /playground; "
+                          "/ redirects there")
+    max_request_body_bytes: int = _f(4 << 20, "largest request body; a bigger one is refused with 413 while it is "
+                                     "read, before any parsing", ge=1)
+    body_read_timeout_s: float = _f(30.0, "a request body not received in full within this many seconds: 408", gt=0.0)
+    max_messages: int = _f(512, "most messages in one chat request", ge=1)
+    max_stop_strings: int = _f(16, "most stop strings in one request", ge=1)
+    max_stop_chars: int = _f(256, "longest stop string, in characters", ge=1)
+    max_prompts_per_request: int = _f(256, "most prompts in one completions request", ge=1)
+    stream_buffer_events: int = _f(512, "events buffered for one stream whose client lags; beyond it the request "
+                                   "ends with an error (text streams coalesce and never reach it)", ge=1)
+    socket_send_buffer_bytes: int = _f(256 << 10, "kernel send buffer of each client connection (SO_SNDBUF; 0: "
+                                       "autotuned, up to megabytes): what a client that stops reading can leave "
+                                       "queued in the kernel before its stream stalls", ge=0)
+    stream_stall_timeout_s: float = _f(30.0, "a streaming client that accepts no data for this many seconds is "
+                                       "disconnected and its request aborted (KV freed)", gt=0.0)
+
+
+@dataclass(frozen=True)
+class DebugConfig(_Section):
+    """Diagnostics."""
+    SECTION: ClassVar[str] = "debug"
+
+    trace_dir: str | None = _f(None, "write per-step decoding traces (JSONL) to this folder (to train the step "
+                               "predictor)")
+
+
+@dataclass(frozen=True)
+class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, DecodeConfig, ModelConfig):
+    """Every section's fields, flat: `ServerConfig(block_length=8)`, `config.block_length`, one flag
+    each. The rules that tie sections together are checked here."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+
         def bad(name: str, why: str) -> None:
             raise ValueError(f"{name}: {why}")
 
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            if choices is not None and getattr(self, f.name) not in choices:
-                bad(f.name, f"must be one of {', '.join(map(str, choices))}, got {getattr(self, f.name)!r}")
-        for name in ("model", "revision", "download_dir", "generation_config", "served_model_name"):
-            if getattr(self, name) == "":
-                bad(name, "must not be empty (leave it unset for the default)")
         if self.revision is not None and self.model is None:
             bad("revision", "needs a model id (the embedded demo model has no revisions)")
         cands = self.candidate_thresholds          # parses and checks slo_thresholds
-        if not 0.0 <= self.quality_floor <= 1.0:
-            bad("quality_floor", f"must be in [0, 1], got {self.quality_floor}")
         if not any(c >= self.quality_floor for c in cands):
             bad("quality_floor", f"{self.quality_floor} is above every candidate threshold {cands}")
-        if not 0.0 <= self.slo_raise_slack < 1.0:
-            bad("slo_raise_slack", f"must be in [0, 1), got {self.slo_raise_slack}")
-        if not 0.1 <= self.load_target <= 1.0:
-            bad("load_target", f"must be in [0.1, 1], got {self.load_target}")
-        if self.default_slo_ms is not None and not self.default_slo_ms > 0:
-            bad("default_slo_ms", f"must be > 0 or None, got {self.default_slo_ms}")
-        if self.block_length < 1:
-            bad("block_length", f"must be >= 1, got {self.block_length}")
-        if not 0.0 <= self.threshold <= 1.0:
-            bad("threshold", f"must be in [0, 1], got {self.threshold}")
         self.worker_policy()          # token_budget, max_active_decodes, credit_share
-        if self.page_size < 1:
-            bad("page_size", f"must be >= 1, got {self.page_size}")
-        if self.num_pages is not None and self.num_pages < 1:
-            bad("num_pages", f"must be >= 1 or None, got {self.num_pages}")
         if self.kv_cache_tokens < self.page_size:
             bad("kv_cache_tokens", f"must be >= page_size, got {self.kv_cache_tokens}")
-        if self.num_workers < 1:
-            bad("num_workers", f"must be >= 1, got {self.num_workers}")
-        if self.num_prefill_workers < 1:
-            bad("num_prefill_workers", f"must be >= 1, got {self.num_prefill_workers}")
-        if isinstance(self.tensor_parallel_size, bool) or self.tensor_parallel_size < 1:
-            bad("tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         if self.reconfigure and (self.placement != "colocated" or self.distributed_executor_backend != "mp"
                                  or self.threshold_policy != "slo"):
             bad("reconfigure", "needs colocated placement, the mp backend and --threshold-policy slo (the planner "
                 "plans thresholds; disaggregated workers hand KV between fixed pairs; ray fixes its bundles)")
-        if not self.reconfigure_period_s > 0:
-            bad("reconfigure_period_s", f"must be > 0, got {self.reconfigure_period_s}")
-        if not 0 <= self.reconfigure_min_gain < 1:
-            bad("reconfigure_min_gain", f"must be in [0, 1), got {self.reconfigure_min_gain}")
-        if not 0 < self.reconfigure_wave_share <= 1:
-            bad("reconfigure_wave_share", f"must be in (0, 1], got {self.reconfigure_wave_share}")
-        if not 0 <= self.reconfigure_prior_serial_share < 1:
-            bad("reconfigure_prior_serial_share", f"must be in [0, 1), got {self.reconfigure_prior_serial_share}")
         if self.tensor_parallel_size > 1 and self.placement != "colocated":
             bad("tensor_parallel_size", f"{self.tensor_parallel_size} with {self.placement} placement is not supported "
                 "yet (its KV handoff moves whole-model pages between single-process workers): use colocated "
                 "placement, or tensor_parallel_size 1")
-        if self.overflow_threshold_tokens < 0:
-            bad("overflow_threshold_tokens", f"must be >= 0, got {self.overflow_threshold_tokens}")
-        if not 0 < self.port < 65536:
-            bad("port", f"must be in 1..65535, got {self.port}")
-        if self.max_waiting_requests < 1:
-            bad("max_waiting_requests", f"must be >= 1, got {self.max_waiting_requests}")
-        if self.shutdown_timeout_s < 0:
-            bad("shutdown_timeout_s", f"must be >= 0, got {self.shutdown_timeout_s}")
-        for name in ("max_request_body_bytes", "max_messages", "max_stop_strings", "max_stop_chars",
-                     "max_prompts_per_request", "stream_buffer_events"):
-            if getattr(self, name) < 1:
-                bad(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("body_read_timeout_s", "stream_stall_timeout_s"):
-            if not getattr(self, name) > 0:
-                bad(name, f"must be > 0, got {getattr(self, name)}")
-        for name, zero in (("socket_send_buffer_bytes", " (0: autotuned)"), ("worker_stall_timeout_s", " (0: off)"),
-                           ("hang_at_forward", ""), ("cpu_kernel_cache_entries", " (0: library defaults)"),
-                           ("worker_malloc_trim_s", " (0: never)"), ("cpu_malloc_hold_mb", " (0: glibc's defaults)"),
-                           ("fixed_matmul_rows", " (0: off)")):
-            if getattr(self, name) < 0:
-                bad(name, f"must be >= 0{zero}, got {getattr(self, name)}")
-        if self.cpu_malloc_hold_mb > 2047:      # glibc's thresholds are C ints
-            bad("cpu_malloc_hold_mb", f"must be <= 2047, got {self.cpu_malloc_hold_mb}")
 
     def check_model_heads(self, num_heads: int, num_kv_heads: int) -> None:
         """The rules that need the model's head counts (read from its config.json before any
@@ -289,19 +300,43 @@ class ServerConfig:
     def worker_policy(self) -> "WorkerPolicy":
         return WorkerPolicy(self.token_budget, self.max_active_decodes, self.credit_share)
 
-    def worker_config(self) -> "WorkerConfig":
+    def worker_config(self, hooks: "TestHooks | None" = None) -> "WorkerConfig":
         """What a worker needs of the config, and nothing more (no API key, no HTTP settings)."""
         summarise = self.threshold_policy == "slo" or self.trace_dir is not None
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
-                            self.page_size, self.pages_per_worker, self.worker_policy(), self.causal,
-                            self.fail_every_n_forwards, self.candidate_thresholds if summarise else None,
+                            self.page_size, self.pages_per_worker, self.worker_policy(),
+                            self.candidate_thresholds if summarise else None,
                             self.threshold_policy == "slo" or self.routing == "completion",
-                            dream_decoding=self.dream_decoding, hang_at_forward=self.hang_at_forward,
-                            cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
+                            dream_decoding=self.dream_decoding, cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
                             malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
                             fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size,
                             block_causal_finalise=self.block_causal_finalise,
-                            prefix_caching=self.enable_prefix_caching and self.block_causal_finalise != "recompute")
+                            prefix_caching=self.enable_prefix_caching and self.block_causal_finalise != "recompute",
+                            hooks=hooks or TestHooks())
+
+
+SECTIONS: tuple[type, ...] = (ModelConfig, DecodeConfig, SchedulingConfig, ClusterConfig, HTTPConfig, DebugConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class TestHooks:
+    """Fault injection for the test suite, never part of a served config: the engine and the offline
+    LLM take them as an argument, a `dllm-server serve` subprocess from DLLM_TEST_HOOKS (cli.py)."""
+    __test__ = False                  # not a pytest test class
+    causal: bool = False              # causal attention: the cache-exactness oracle
+    fail_every_n_forwards: int = 0    # every n-th worker forward raises (error paths)
+    hang_at_forward: int = 0          # each worker's first process never returns from its n-th forward
+
+    @classmethod
+    def parse(cls, text: str) -> "TestHooks":
+        """`causal=1,fail_every_n_forwards=23,hang_at_forward=40` (empty: none)."""
+        values = {}
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            name, _, value = item.partition("=")
+            if name not in cls.__dataclass_fields__:
+                raise ValueError(f"DLLM_TEST_HOOKS: unknown hook {name!r}")
+            values[name] = bool(int(value)) if name == "causal" else int(value)
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,19 +367,17 @@ class WorkerConfig:
     page_size: int
     num_pages: int
     policy: WorkerPolicy
-    causal: bool = False
-    fail_every_n_forwards: int = 0
     step_candidates: tuple[float, ...] | None = None   # summarise confidences per step against these
     profile: bool = False              # time a few iterations at start-up (seeds the step-time model)
-    dream_decoding: str = "fast_dllm"  # ServerConfig.dream_decoding
-    hang_at_forward: int = 0           # TEST ONLY: the n-th forward of each worker's first process never returns
-    cpu_kernel_cache_entries: int = 0  # ServerConfig's; 0: leave oneDNN's caches at their defaults
-    malloc_trim_s: float = 0.0         # ServerConfig.worker_malloc_trim_s; 0: never
-    malloc_hold_mb: int = 0            # ServerConfig.cpu_malloc_hold_mb; 0: glibc's defaults
-    fixed_matmul_rows: int = 0         # ServerConfig.fixed_matmul_rows; 0: off
+    dream_decoding: str = "fast_dllm"
+    cpu_kernel_cache_entries: int = 0  # 0: leave oneDNN's caches at their defaults
+    malloc_trim_s: float = 0.0         # 0: never
+    malloc_hold_mb: int = 0            # 0: glibc's defaults
+    fixed_matmul_rows: int = 0         # 0: off
     tensor_parallel_size: int = 1      # ranks of this worker's instance (worker/tp.py)
-    block_causal_finalise: str = "fused"   # ServerConfig.block_causal_finalise
-    prefix_caching: bool = False       # ServerConfig.enable_prefix_caching (block-causal models only)
+    block_causal_finalise: str = "fused"
+    prefix_caching: bool = False       # block-causal models only
+    hooks: TestHooks = TestHooks()
 
 
 def tp_degree_error(size: int, num_heads: int, num_kv_heads: int) -> str | None:
@@ -360,3 +393,8 @@ def tp_degree_error(size: int, num_heads: int, num_kv_heads: int) -> str | None:
 
 def config_fields() -> tuple[dataclasses.Field, ...]:
     return dataclasses.fields(ServerConfig)
+
+
+def section_of(name: str) -> type:
+    """The section a ServerConfig field belongs to."""
+    return next(s for s in SECTIONS if name in s.__dataclass_fields__)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from .checkpoint import architecture_of, model_path, read_config, request_defaults
-from .config import ServerConfig
+from .config import ServerConfig, TestHooks
 from .costmodel.worker_speed import WorkerLoadModel
 from .decoding.params import SamplingParams, request_seed
 from .devices import resolve_device
@@ -47,7 +47,8 @@ class _Collect:
 
 
 class LLM:
-    def __init__(self, model: str | None = None, policy: DecodePolicy | None = None, **config_kwargs: Any):
+    def __init__(self, model: str | None = None, policy: DecodePolicy | None = None, hooks: TestHooks | None = None,
+                 **config_kwargs: Any):
         self.config = ServerConfig(model=model, **config_kwargs)
         if self.config.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size: the offline LLM runs one process; tensor-parallel instances run "
@@ -56,7 +57,7 @@ class LLM:
         architecture_of(read_config(self.path), self.config.model or str(self.path))
         self.generation_config, self.sampling_defaults = request_defaults(self.path, self.config.generation_config)
         self.device = torch.device(resolve_device(self.config.device))
-        self.core, self.model_info = build_core(self.config.worker_config(), str(self.path), self.device)
+        self.core, self.model_info = build_core(self.config.worker_config(hooks), str(self.path), self.device)
         self.runner = self.core.stepper.runner        # the model and its forward (benchmarks, tests)
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)

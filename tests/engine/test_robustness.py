@@ -8,6 +8,7 @@ import time
 import pytest
 
 from dllm_server import SamplingParams
+from dllm_server.config import TestHooks
 from dllm_server.engine.async_engine import EngineDead
 
 from tests.live import kill_fails_fast, recovers, running, slow_requests
@@ -30,12 +31,11 @@ async def test_random_aborts_and_injected_errors_leave_nothing_behind(engine_con
     """In disaggregated placement the aborts and failures also land mid-handoff: on blocks whose
     KV is streaming, held, received but not installed, or refused for want of pages (the decode
     workers' pools are small)."""
-    config = engine_config.replace(num_workers=2, fail_every_n_forwards=23, placement=placement,
-                                   kv_transfer=kv_transfer)
+    config = engine_config.replace(num_workers=2, placement=placement, kv_transfer=kv_transfer)
     if placement == "disaggregated":
         config = config.replace(num_pages=12, page_size=8)
     rng = random.Random(3)
-    async with running(config) as engine:
+    async with running(config, hooks=TestHooks(fail_every_n_forwards=23)) as engine:
         async def one(i):
             state = engine.prepare({"prompt_token_ids": [i % 200 + 1, 7, 9]},
                                    SamplingParams(max_tokens=rng.choice([8, 24, 40]), ignore_eos=True))

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from dllm_server import SamplingParams
+from dllm_server.config import TestHooks
 from dllm_server.engine.async_engine import EngineDead
 from dllm_server.request.events import STREAM_PROGRESS
 
@@ -14,8 +15,8 @@ from tests.live import running
 
 @pytest.mark.parametrize("restart", [True, False])
 async def test_a_hung_worker_fails_its_requests_within_the_watchdog_timeout(engine_config, restart):
-    config = engine_config.replace(hang_at_forward=6, worker_stall_timeout_s=1.0, restart_workers=restart)
-    async with running(config) as engine:
+    config = engine_config.replace(worker_stall_timeout_s=1.0, restart_workers=restart)
+    async with running(config, hooks=TestHooks(hang_at_forward=6)) as engine:
         params = SamplingParams(max_tokens=40, steps=40, ignore_eos=True)
         t0 = time.monotonic()
         outs = await asyncio.wait_for(asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1, 2]}, params)

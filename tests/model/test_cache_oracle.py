@@ -6,6 +6,9 @@ with each other (and with their own oracle, test_dream_reference.py)."""
 import pytest
 
 from dllm_server import LLM, SamplingParams
+from dllm_server.config import TestHooks
+
+CAUSAL = TestHooks(causal=True)      # the cache-exactness oracle: causal attention
 
 PROMPTS = [[72, 101, 108, 108, 111], [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98],
            [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170, 180]]
@@ -20,7 +23,7 @@ def test_prefix_and_dual_equal_none_under_causal_attention(tiny_model, rule):
     for decoding in ("shifted", "fast_dllm"):
         for cache in ("none", "prefix", "dual"):
             # Small pages make each canvas span several pages, some non-contiguous after reuse.
-            llm = LLM(tiny_model, cache=cache, block_length=8, causal=True, dtype="float32", page_size=4,
+            llm = LLM(tiny_model, cache=cache, block_length=8, hooks=CAUSAL, dtype="float32", page_size=4,
                       dream_decoding=decoding)
             results[decoding, cache] = [o.token_ids for o in
                                         llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)]
@@ -33,7 +36,7 @@ def test_prefix_and_dual_equal_none_under_causal_attention(tiny_model, rule):
 
 def test_threshold_commits_several_tokens_per_forward_somewhere(tiny_model):
     # The oracle above is only meaningful if parallel commits actually happen.
-    llm = LLM(tiny_model, cache="dual", block_length=8, causal=True, dtype="float32")
+    llm = LLM(tiny_model, cache="dual", block_length=8, hooks=CAUSAL, dtype="float32")
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=24, threshold=0.3,
                                                                                    ignore_eos=True))
     assert max(o.tokens_per_forward for o in outs) > 1.0

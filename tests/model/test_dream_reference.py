@@ -10,6 +10,9 @@ from dllm_server import LLM, SamplingParams
 from dllm_server.model.loader import load_model
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range, window_lead
+from dllm_server.config import TestHooks
+
+CAUSAL = TestHooks(causal=True)      # the cache-exactness oracle: causal attention
 
 from .oracles import _dream_forward, dream_block_reference
 
@@ -44,7 +47,7 @@ def test_fast_dllm_rules_are_the_default_and_exact_under_causal_attention(tiny_d
     model, _, _ = load_model(tiny_dream, dtype="float64")
     expected = [dream_block_reference(model, p, ANSWER, BLOCK, 0.3, "dual", causal=True) for p in PROMPTS]
     for cache in ("prefix", "dual"):
-        llm = LLM(tiny_dream, cache=cache, block_length=BLOCK, dtype="float64", causal=True)
+        llm = LLM(tiny_dream, cache=cache, block_length=BLOCK, dtype="float64", hooks=CAUSAL)
         assert llm.config.dream_decoding == "fast_dllm"
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                             SamplingParams(max_tokens=ANSWER, threshold=0.3, ignore_eos=True))

@@ -21,9 +21,9 @@ _logs = itertools.count()
 _started: list[ServerProcess] = []
 
 
-def start(model: str | None, *flags: str, tmp_path, wait: bool = True) -> ServerProcess:
+def start(model: str | None, *flags: str, tmp_path, wait: bool = True, env: dict | None = None) -> ServerProcess:
     s = serve(model, "--threads-per-worker", "1", *flags, log_path=tmp_path / f"server-{next(_logs)}.log",
-              wait=wait)
+              wait=wait, env=env)
     _started.append(s)
     return s
 

@@ -58,8 +58,8 @@ def two_workers(tiny_llada, tmp_path_factory):
 
 
 def test_a_hung_worker_is_killed_by_the_watchdog(tiny_llada, tmp_path, figures):
-    s = start(tiny_llada, "--block-length", "8", "--hang-at-forward", "40", "--worker-stall-timeout-s", "2",
-              tmp_path=tmp_path)
+    s = start(tiny_llada, "--block-length", "8", "--worker-stall-timeout-s", "2", tmp_path=tmp_path,
+              env={"DLLM_TEST_HOOKS": "hang_at_forward=40"})
     try:
         [victim] = worker_pids(s.pid)
         body = {"prompt": [4, 5, 6], "max_tokens": 64, "steps": 64, "ignore_eos": True}

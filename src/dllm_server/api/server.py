@@ -15,7 +15,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..checkpoint import served_name
-from ..config import ServerConfig
+from ..config import ServerConfig, TestHooks
 from ..engine.async_engine import AsyncEngine
 from .app import build_app
 from .stream_guard import ABORT_CONNECTION
@@ -87,10 +87,10 @@ def _log_stats(engine: AsyncEngine, interval_s: float, last_positions: int) -> i
     return positions
 
 
-def run_server(config: ServerConfig) -> int:
+def run_server(config: ServerConfig, hooks: TestHooks | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_open_files_limit()
-    engine = AsyncEngine(config)
+    engine = AsyncEngine(config, hooks=hooks)
     model_name = config.served_model_name or served_name(config.model, engine.path)
     exit_code = {"code": 0}
     server: DrainingServer | None = None

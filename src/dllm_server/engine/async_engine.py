@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
 from ..checkpoint import head_counts, model_path, read_config, request_defaults
-from ..config import ServerConfig
+from ..config import ServerConfig, TestHooks
 from ..decoding.params import SamplingParams, request_seed
 from ..devices import worker_devices
 from ..messages import LoadReport, ModelInfo
@@ -52,8 +52,9 @@ class EngineDead(Exception):
 
 
 class AsyncEngine:
-    def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None):
+    def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None, hooks: TestHooks | None = None):
         self.config = config
+        self.hooks = hooks          # the test suite's fault injection (config.TestHooks); None when serving
         self.path = model_path(config.model, config.revision, config.download_dir)
         cfg = read_config(self.path)
         config.check_model_heads(*head_counts(cfg, config.model or str(self.path)))   # a clear error now, not in a worker
@@ -91,7 +92,7 @@ class AsyncEngine:
         self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load,
                                    batch_arrivals=True)
         self.pool = WorkerPool(self.config, str(self.path), self.roles, self.devices,
-                               loop, self._on_messages, self._on_death)
+                               loop, self._on_messages, self._on_death, self.hooks)
         self.regroups = ServerRegroups(self.config, self.scheduler, self.pool, self.watchdog, self.roles,
                                        self.devices, self.heads,
                                        Layout.of_degrees([self.config.tensor_parallel_size] * len(self.roles)))

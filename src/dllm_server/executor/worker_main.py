@@ -69,8 +69,8 @@ def _die_with_parent() -> int:
 
 
 def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> None:
-    if spec.restarts and config.hang_at_forward:     # the injected hang is a one-off: a restart recovers
-        config = dataclasses.replace(config, hang_at_forward=0)
+    if spec.restarts and config.hooks.hang_at_forward:     # the injected hang is a one-off: a restart recovers
+        config = dataclasses.replace(config, hooks=dataclasses.replace(config.hooks, hang_at_forward=0))
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
     if device.type == "cpu":

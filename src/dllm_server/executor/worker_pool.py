@@ -12,7 +12,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from ..config import ServerConfig
+from ..config import ServerConfig, TestHooks
 from ..messages import Shutdown, WorkerSpec
 from .launchers import make_launcher
 
@@ -34,9 +34,9 @@ class _Slot:
 
 class WorkerPool:
     def __init__(self, config: ServerConfig, model_path: str, roles: list[str], devices: list[str],
-                 loop: asyncio.AbstractEventLoop, on_messages, on_death):
+                 loop: asyncio.AbstractEventLoop, on_messages, on_death, hooks: TestHooks | None = None):
         self.config = config
-        self.worker_config = config.worker_config()
+        self.worker_config = config.worker_config(hooks)
         self.model_path = model_path
         self.roles = roles
         self.devices = devices

@@ -1,6 +1,4 @@
-"""Building a WorkerCore from a checkpoint folder: the model, its KV pool, the model stepper and,
-for a worker that hands KV over, the handoff ends. Used by worker processes and the offline LLM,
-so both run exactly the same core."""
+"""Builds a WorkerCore from a checkpoint folder, the same way for worker processes and the offline LLM."""
 from __future__ import annotations
 
 from typing import Callable
@@ -31,8 +29,7 @@ def model_info(args: ModelArgs) -> ModelInfo:
 
 def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
                   tp: TPGroups | None = None) -> tuple[ModelStepper, KVPool, ModelArgs]:
-    """The model (this rank's shard under tensor parallelism), its KV pool (its KV heads, the
-    instance's page layout) and the stepper that runs them: what every rank of an instance has."""
+    """This rank's model shard, its KV pool and the stepper that runs them: what every rank of an instance has."""
     shard = TPShard(tp.rank, tp.size, tp.all_reduce) if tp is not None else None
     model, args, dtype = load_model(model_path, config.dtype, device, tp=shard)
     set_fixed_rows(model, config.fixed_matmul_rows)
@@ -44,8 +41,7 @@ def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
 def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,
                transfers: bool = False, emit: Callable[[list], None] | None = None,
                tp: TPGroups | None = None) -> tuple[WorkerCore, ModelInfo]:
-    """`transfers`: this worker sends or receives KV (a torch.distributed group must exist).
-    `tp`: this worker leads a tensor-parallel instance; every forward's plan goes to its followers."""
+    """`transfers`: it sends or receives KV (needs a torch.distributed group); `tp`: it leads a TP instance."""
     stepper, pool, args = build_stepper(config, model_path, device, tp)
     if tp is not None:
         stepper.runner.plan_sink = PlanSender(tp)

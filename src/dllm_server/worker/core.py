@@ -1,14 +1,6 @@
 """WorkerCore: one worker's state and iteration, single-threaded and free of queues and sleeps.
-
-`handle()` applies one message from the request side; `step()` seats decodes, asks the pure
-admission function which prefills go in, allocates their pages, has the stepper run every
-admitted prefill and every seated decode in ONE packed forward with the commit rule per row, and
-returns the resulting messages. A request's task lives across its blocks: when the router has
-left a continuation (`then`), a finished block queues the next block's re-prefill here at once,
-from the same canvas and on the same pages; otherwise the block's end goes back to the router
-and its pages return to the pool. The offline LLM drives the core in-process; worker processes
-drive it from their queues (executor/worker_main.py).
-"""
+`step()` runs every admitted prefill and seated decode in one packed forward. A block the router left a
+continuation for (`then`) queues its next block's re-prefill here, on the same canvas and pages."""
 from __future__ import annotations
 
 import bisect
@@ -41,17 +33,17 @@ class WorkerCore:
                  handoffs: WorkerHandoffs | None = None, emit: Callable[[list], None] | None = None,
                  prefix_cache: PrefixCache | None = None):
         self.config = config
-        self.prefix_cache = prefix_cache    # block-causal models: prompt KV shared across requests
+        self.prefix_cache = prefix_cache
         self.stepper = stepper
         self.pool = pool
         self.mask_id = mask_id
-        self.handoffs = handoffs            # disaggregated placement: the KV handoff ends
-        self.emit = emit                    # put messages out now (a KVSent must leave before its data)
-        self.policy = config.policy         # runtime knobs (SetPolicy)
+        self.handoffs = handoffs
+        self.emit = emit                    # sends at once: a KVSent must leave before its data
+        self.policy = config.policy
         self.tasks: dict[str, BlockTask] = {}
-        self.waiting: list[tuple[int, int, str]] = []   # keys of WAITING tasks, in arrival order
-        self.ready: list[str] = []           # prefilled, waiting for a decode seat (arrival order)
-        self.active: list[str] = []          # seated decodes
+        self.waiting: list[tuple[int, int, str]] = []   # keys of WAITING tasks, kept sorted (arrival order)
+        self.ready: list[str] = []
+        self.active: list[str] = []
         self.deficit_tokens = 0
         self.last = IterationStats()
         self.num_forwards = 0
@@ -63,10 +55,8 @@ class WorkerCore:
         """Apply one message from the request side; returns the messages it produces."""
         return self._handlers[type(msg)](msg)
 
-    # ---- intake ----
     def submit(self, msg: SubmitBlock) -> list:
-        """Queue a block; refuses at once what could never fit this worker. The core owns the
-        message's canvas from here on (it is updated in place)."""
+        """Queue a block, refusing what could never fit; the core owns (and updates) its canvas from here on."""
         need = self.pool.pages_needed(msg.canvas.numel())
         if need > self.pool.num_pages:
             return [RequestFailed(msg.request_id, f"canvas of {msg.canvas.numel()} tokens needs {need} KV "
@@ -85,7 +75,6 @@ class WorkerCore:
                          msg.arrival_seq, msg.canvas, start, end, msg.handoff, msg.stream_to, msg.then,
                          step=msg.step_offset)
         if self.prefix_cache is not None and msg.params.block_causal and not msg.handoff:
-            # the prompt's complete blocks; the first answer block (the prompt's tail) is never cached
             task.prefix_keys = self.prefix_cache.keys(msg.canvas, msg.params.block_bounds(msg.prompt_len, 0)[0])
         return task
 
@@ -93,12 +82,12 @@ class WorkerCore:
         t = self.tasks.get(msg.request_id)
         if t is not None and t.block_index == msg.block_index and not t.handoff:
             t.then = msg.then
-        return []                          # a lease for a block that already ended is moot
+        return []
 
     def revise_block(self, msg: ReviseBlock) -> list:
         t = self.tasks.get(msg.request_id)
         if t is not None and t.block_index == msg.block_index:
-            t.policy = msg.policy              # its next forwards commit by the new rule
+            t.policy = msg.policy
         return []
 
     def evict(self, msg: Evict) -> list:
@@ -129,12 +118,9 @@ class WorkerCore:
             self.active.remove(task.request_id)
         return []
 
-    # ---- KV handoff (disaggregated placement) ----
     def send_held(self, msg: HandoffKV) -> list:
-        """Send a block held after its handoff prefill (its KVSent goes out at once, like a
-        streamed group's)."""
         t = self.tasks.get(msg.request_id)
-        if t is None or t.phase != HELD or self.handoffs is None:   # never expected: only held blocks
+        if t is None or t.phase != HELD or self.handoffs is None:
             return [RequestFailed(msg.request_id, "handoff of a block this worker does not hold")]
         del self.tasks[msg.request_id]
         self.emit(self.handoffs.send_held(t.request_id, t.block_index, t.alloc, t.canvas.numel(), msg.dst_worker))
@@ -159,7 +145,6 @@ class WorkerCore:
         return out
 
     def _install(self, inst: Install) -> None:
-        """The KV is in place: the block waits for a decode seat like a local prefill."""
         rid = inst.block.request_id
         if rid in self.tasks:
             self.pool.free(inst.owner)
@@ -172,11 +157,9 @@ class WorkerCore:
         self.tasks[rid] = task
         self.ready.append(rid)
 
-    # ---- load ----
     @property
     def has_work(self) -> bool:
-        """Something to compute: seated or seatable decodes, or a prefill waiting. Blocks held
-        for a handoff or waiting for their KV to arrive are not work (the loop may sleep)."""
+        """Something to compute; blocks held for a handoff or awaiting their KV are not work (the loop may sleep)."""
         return bool(self.active or self.ready or self.waiting)
 
     @property
@@ -197,7 +180,6 @@ class WorkerCore:
                           iteration_s, last.forward_s, last.prefill_tokens, last.num_prefills, self.policy,
                           last.decode_keys, last.prefill_sq, self.has_work, messages_handled, prefix)
 
-    # ---- one iteration ----
     def step(self) -> list:
         n_seat = seat_decodes(len(self.ready), num_active=len(self.active),
                               max_active_decodes=self.policy.max_active_decodes)
@@ -222,10 +204,10 @@ class WorkerCore:
             self.emit(self.handoffs.open_streams(streamed))
         try:
             self.num_forwards += 1
-            n = self.config.fail_every_n_forwards
+            n = self.config.hooks.fail_every_n_forwards
             if n and self.num_forwards % n == 0:
                 raise RuntimeError("injected failure (fail_every_n_forwards)")
-            if self.num_forwards == self.config.hang_at_forward:
+            if self.num_forwards == self.config.hooks.hang_at_forward:
                 _hang_forever()
             result = self.stepper.run(prefills, decodes, self.handoffs.layer_done if streamed else None)
         except Exception as exc:   # a failed forward fails its requests, never the worker
@@ -242,16 +224,13 @@ class WorkerCore:
         return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary)
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
-        """Admission over the waiting blocks in arrival order; a continued block already holds its
-        pages. The admitted ones are a prefix of that order, except for page holders passing a head
-        stalled on memory (worker/admission.py)."""
         waiting = [self.tasks[rid] for _, _, rid in self.waiting]
         cache = self.prefix_cache
-        if cache is not None:                        # price a prefill past what the cache holds now
+        if cache is not None:
             for t in waiting:
                 if t.prefix_keys and t.alloc is None:
                     t.cached_len = cache.peek(t.prefix_keys) * cache.unit_tokens
-        fed = self.stepper.fed_tokens                # a block-causal prefill: its prompt blocks, once
+        fed = self.stepper.fed_tokens
         candidates = [PrefillCandidate(t.request_id, t.arrival_seq,
                                        fed(t, True) if t.params.block_causal else t.canvas.numel(),
                                        0 if t.alloc is not None else self.pool.pages_needed(t.canvas.numel()))
@@ -267,11 +246,10 @@ class WorkerCore:
         chosen = set(decision.admitted)
         admitted = [t for t in waiting if t.request_id in chosen]
         if waiting[len(admitted) - 1] is admitted[-1]:
-            del self.waiting[: len(admitted)]          # the usual case: a prefix
+            del self.waiting[: len(admitted)]          # a prefix, unless page holders passed a stalled head
         else:
             self.waiting = [k for k in self.waiting if k[2] not in chosen]
-        # cache hits first: referenced, they cannot be reclaimed by the allocations that follow
-        # (admission counted every candidate's whole canvas against free + reclaimable pages)
+        # Cache hits first: once referenced they cannot be reclaimed by the allocations that follow.
         shared = {t.request_id: self._lookup(t) for t in admitted if t.alloc is None and t.prefix_keys}
         for t in admitted:
             t.phase = PREFILL
@@ -288,7 +266,7 @@ class WorkerCore:
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
                summary: torch.Tensor | None = None) -> list:
         out: list = []
-        # host tensors (or their rows as lists already, from the simulator's stepper): plain lists once per step
+        # the simulator's stepper hands rows as lists already
         commits = commit if isinstance(commit, list) else commit.tolist()
         values = tokens if isinstance(tokens, list) else tokens.tolist()
         features = summary.tolist() if summary is not None else None
@@ -309,7 +287,7 @@ class WorkerCore:
             elif was_prefill and t.handoff:
                 out.append(PrefillDone(t.request_id, t.block_index, t.step))
                 if t.stream_to is not None and self.handoffs is not None:
-                    del self.tasks[t.request_id]       # its KV is on the way; pages go with the send
+                    del self.tasks[t.request_id]       # its pages went to the send
                 else:
                     t.phase = HELD
             elif was_prefill:
@@ -318,15 +296,12 @@ class WorkerCore:
         return out
 
     def _next_causal_block(self, t: BlockTask, done: BlockDone) -> BlockDone:
-        """A block-causal request goes on to its next block where it is, seated: its KV is exact,
-        so there is no re-prefill; its next forward also writes this block's final tokens (fused
-        finalise). The front's lease, if one came, sets the next block's policy; otherwise this
-        block's carries on (a standing lease: no round trip at a block boundary)."""
+        """A block-causal request goes on to its next block here, seated: its KV is exact, so no re-prefill."""
         seated = t.phase == ACTIVE
         t.next_block()
         if seated:
             t.phase = ACTIVE
-        else:                                   # it ended in its first forward: seat it with the decodes
+        else:
             t.phase = READY
             self.ready.append(t.request_id)
         return BlockDone(done.request_id, done.block_index, done.num_steps, False, True, done.policy)
@@ -339,7 +314,7 @@ class WorkerCore:
         if t.phase == ACTIVE:
             self.active.remove(t.request_id)
         if not final and more and t.then is not None and not t.handoff:
-            t.next_block()                     # same canvas, same pages: no copy, no trip to the router
+            t.next_block()
             bisect.insort(self.waiting, t.key)
             return BlockDone(done.request_id, done.block_index, done.num_steps, False, True, done.policy)
         del self.tasks[t.request_id]
@@ -347,8 +322,7 @@ class WorkerCore:
         return done
 
     def _free(self, t: BlockTask, written: bool) -> None:
-        """Its pages back to the pool; under the prefix cache its references go and, when its
-        prompt KV was written, its own prompt units join the cache first."""
+        """Its pages back to the pool; under the prefix cache its written prompt units join the cache first."""
         if t.prefix_keys is not None and self.prefix_cache is not None:
             self.prefix_cache.release(t.prefix_keys, t.prefix_hits,
                                       t.alloc.pages if written and t.alloc is not None else None)

@@ -1,17 +1,5 @@
-"""Decode-only iterations from fixed-shape buffers, replayed as CUDA graphs.
-
-An iteration without a prefill has one shape per (batch, fed width, key length): every sequence
-feeds its block (one position more for Dream) and attends over its canvas. DecodeGraphs pads the
-batch up to a power of two, the key length up to a power of two (>= MIN_KEYS), and computes the
-attention metadata (PaddedBatch) on the device from four small inputs: token ids, positions, a
-page table and canvas lengths. So only buffer contents change between iterations. On CUDA each
-shape is captured on first use into a graph (all graphs share one memory pool) and then
-replayed: one launch instead of hundreds of small kernels per layer. Elsewhere the same buffers
-feed an eager forward, which is how the CPU tests check this path. All shapes of one block width
-write their logits into one shared buffer (a graph's output would otherwise pin its own, about
-1 GB each at batch 64 for a 126k vocabulary), and start-up captures only the shapes the KV pool
-can hold.
-"""
+"""Decode-only iterations from fixed-shape buffers, replayed as CUDA graphs (docs/architecture.md,
+"Decode-only iterations"). Elsewhere the same buffers feed an eager forward: how the CPU tests check this path."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +19,7 @@ def pow2_at_least(n: int, floor: int = 1) -> int:
 
 def padded_metadata(page_table: torch.Tensor, kv_len: torch.Tensor, positions: torch.Tensor,
                     key_pos: torch.Tensor, page_size: int, width: int) -> PaddedBatch:
-    """Device-side attention metadata of a padded decode batch: every key's slot from the page
-    table, the key mask from the canvas lengths, every fed token's slot from its position."""
+    """Attention metadata of a padded decode batch, computed on the device from the four input buffers."""
     kv_slots = page_table[:, key_pos // page_size] * page_size + key_pos % page_size
     kv_valid = key_pos.unsqueeze(0) < kv_len.unsqueeze(1)
     fed = positions.view(-1, width)
@@ -41,10 +28,7 @@ def padded_metadata(page_table: torch.Tensor, kv_len: torch.Tensor, positions: t
 
 
 def capture_plan(max_len: int, max_batch: int, num_pages: int, page_size: int) -> list[tuple[int, int]]:
-    """(batch, keys) buckets a decode batch can reach, largest first. Key bucket k holds canvases
-    in (k/2, k] (the first one everything up to MIN_KEYS), batch bucket b holds b/2 + 1 to b
-    sequences; a bucket is reachable when its smallest such batch fits the pool (the longest
-    canvas's pages plus one page per other sequence) and its canvas fits the model."""
+    """(batch, keys) buckets whose smallest batch (b/2 + 1 canvases over k/2 keys) fits the pool, largest first."""
     def pages(tokens: int) -> int:
         return -(-tokens // page_size)
     longest = min(max_len, num_pages * page_size)
@@ -54,7 +38,7 @@ def capture_plan(max_len: int, max_batch: int, num_pages: int, page_size: int) -
     for k in reversed(keys):
         shortest_longest = 1 if k == MIN_KEYS else k // 2 + 1
         for b in reversed(batches):
-            if pages(shortest_longest) + b // 2 <= num_pages:      # b // 2 = (b // 2 + 1) - 1 others
+            if pages(shortest_longest) + b // 2 <= num_pages:
                 plan.append((b, k))
     return plan
 
@@ -62,16 +46,16 @@ def capture_plan(max_len: int, max_batch: int, num_pages: int, page_size: int) -
 @dataclass(slots=True)
 class _Shape:
     batch: int
-    width: int                  # fed tokens per sequence
-    block: int                  # logit rows per sequence (width - lead)
+    width: int
+    block: int
     keys: int
-    ids: torch.Tensor           # int64 [batch * width]
-    positions: torch.Tensor     # int64 [batch * width]
-    page_table: torch.Tensor    # int64 [batch, keys // page_size]; padding: the scratch page
-    kv_len: torch.Tensor        # int64 [batch]
-    rows: torch.Tensor          # int64 [batch * block]: logit rows of the packed stream
-    key_pos: torch.Tensor       # int64 [keys]
-    logits: torch.Tensor | None = None   # float32 [batch * block, vocab]: a view of the shared output
+    ids: torch.Tensor
+    positions: torch.Tensor
+    page_table: torch.Tensor
+    kv_len: torch.Tensor
+    rows: torch.Tensor
+    key_pos: torch.Tensor
+    logits: torch.Tensor | None = None
     graph: object | None = None
 
 
@@ -79,19 +63,16 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, args: ModelArgs, pool: KVPool, device: torch.device,
                  max_batch: int, capture: bool, lead: int | None = None):
         self.model, self.args, self.pool, self.device = model, args, pool, device
-        self.lead = args.logit_shift if lead is None else lead     # fed positions before the block (window_lead)
+        self.lead = args.logit_shift if lead is None else lead
         self.max_batch = max_batch
         self.capture = capture and device.type == "cuda"
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
-        self.outputs: dict[int, torch.Tensor] = {}     # block width -> float32 [max batch * block, vocab]
+        self.outputs: dict[int, torch.Tensor] = {}     # per block width: a graph's own output would pin its own
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
 
     @torch.inference_mode()
     def capture_all(self, block_length: int) -> int:
-        """At start-up, like vLLM: every (batch, key) bucket of the default block width that the
-        pool can hold (capture_plan), largest first so the shared pool is sized once and the first
-        requests never wait on a capture. Other block widths are captured on first use. Returns the
-        number of graphs."""
+        """Capture the default width's reachable buckets, largest first so the shared pool is sized once."""
         width = block_length + self.lead
         for b, k in capture_plan(self.args.max_len, self.max_batch, self.pool.num_pages, self.pool.page_size):
             if (b, width, k) not in self.shapes:
@@ -121,7 +102,6 @@ class DecodeGraphs:
         return s.logits[: n * s.block].view(n, s.block, -1)
 
     def _fill(self, s: _Shape, items) -> None:
-        """One host tensor per input (padding rows: the scratch page, one valid key), one copy each."""
         pad = s.batch - len(items)
         cols = -(-s.keys // self.pool.page_size)
         scratch = self.pool.scratch_page
@@ -137,11 +117,10 @@ class DecodeGraphs:
             dst.copy_(src)
 
     def _forward(self, s: _Shape) -> torch.Tensor:
-        """What the graph records: metadata from the inputs, then the model."""
         batch = padded_metadata(s.page_table, s.kv_len, s.positions, s.key_pos, self.pool.page_size, s.width)
         logits = self.model(s.ids, s.positions, batch, self.pool.layers, s.rows)
         out = self.outputs[s.block][: s.batch * s.block]
-        out.copy_(logits[:, : self.args.vocab_size])          # the float32 cast, into the shared buffer
+        out.copy_(logits[:, : self.args.vocab_size])
         return out
 
     def _build(self, batch: int, width: int, keys: int) -> _Shape:
@@ -150,7 +129,7 @@ class DecodeGraphs:
         if block not in self.outputs:    # outside any capture: an ordinary allocation, not the graph pool
             self.outputs[block] = torch.empty(pow2_at_least(self.max_batch) * block, self.args.vocab_size,
                                               dtype=torch.float32, device=dev)
-        # as the runner's rows: block position j from fed row j + lead - shift, clamped to the window
+        # as ModelRunner's rows: clamped to the window
         rows = (torch.arange(batch).unsqueeze(1) * width
                 + (torch.arange(block) + self.lead - self.args.logit_shift).clamp_min(0)).view(-1)
         s = _Shape(batch, width, block, keys,
@@ -164,7 +143,7 @@ class DecodeGraphs:
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
-                self._forward(s)               # warm-up: allocator and library workspaces
+                self._forward(s)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the KV waiter thread may synchronise its own stream meanwhile.

@@ -1,14 +1,6 @@
-"""Batch invariance, checked on this device at worker start: does a row's result of the model's
-projections depend on how many rows share the matmul?
-
-Every other op of a forward is per row (norms, rotary, activations) or per sequence (attention:
-one call per sequence), so when the projections are row-invariant a request's logits, and with
-them its tokens, are bitwise the same whatever it is batched with: placement and load change
-nothing. Whether they are is a property of the matmul kernels (MKL / oneDNN / cuBLAS pick their
-blocking by the row count), which differs between CPUs, so it is measured rather than assumed.
-`fixed_matmul_rows` (ServerConfig) forces it at a cost: every projection runs as matmuls of one
-fixed row count (layers.ServingLinear), which this check then verifies too.
-"""
+"""Batch invariance, checked on this device at worker start (docs/decoding.md): does a row's result of the
+model's projections depend on how many rows share the matmul? Kernels pick their blocking by the row count,
+differently per CPU, so it is measured rather than assumed; `fixed_matmul_rows` forces it."""
 from __future__ import annotations
 
 import time
@@ -22,22 +14,19 @@ from ..model.layers import ServingLinear
 
 SMALL_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 100, 127, 129, 255)
 DECODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# Per projection shape: bounds the check's start-up cost (~0.05 s a shape on one CPU thread here)
+# FLOPs per projection shape: bounds the check's start-up cost
 FLOP_BUDGET = {"cpu": 1.5e9, "cuda": 2e12}
 MAX_FAILURES = 8
 
 
 def row_counts(block_len: int, max_active_decodes: int, max_rows: int) -> list[int]:
-    """Row counts a worker's forwards have: block steps of a sample of 1..max_active_decodes
-    requests (multiples of the block), prefills of any length (the small and odd counts stand
-    for them); all below `max_rows`, the reference call's."""
+    """Row counts below `max_rows` that block steps and prefills (the small and odd counts) give a worker."""
     counts = set(SMALL_ROWS) | {k * block_len for k in DECODES if k <= max_active_decodes}
     return sorted(c for c in counts if 1 <= c < max_rows)
 
 
 def within_budget(counts: list[int], flops_per_row: float, budget: float) -> tuple[list[int], int]:
-    """The largest prefix of `counts` (ascending) and the reference row count whose check (the
-    reference call, then two calls per count) stays within `budget` FLOPs."""
+    """The longest prefix of ascending `counts`, and its reference row count, whose check fits `budget` FLOPs."""
     kept = list(counts)
     while kept:
         ref = kept[-1] + 1
@@ -48,8 +37,7 @@ def within_budget(counts: list[int], flops_per_row: float, budget: float) -> tup
 
 
 def check_rows(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: Iterable[int]) -> list[int]:
-    """The row counts r for which some r rows of `x`, alone in the call, differ bitwise from the
-    same rows inside the call over all of `x` (rows taken at the start and at the end)."""
+    """Row counts r whose first or last r rows of `x`, alone in a call, differ bitwise from the call over all."""
     with torch.inference_mode():
         full = matmul(x)
         n = x.shape[0]
@@ -58,7 +46,6 @@ def check_rows(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, 
 
 
 def projections(model: nn.Module) -> dict[tuple[int, int], ServingLinear]:
-    """One projection per distinct (in, out) shape."""
     out: dict[tuple[int, int], ServingLinear] = {}
     for m in model.modules():
         if isinstance(m, ServingLinear):
@@ -67,7 +54,6 @@ def projections(model: nn.Module) -> dict[tuple[int, int], ServingLinear]:
 
 
 def check_model(model: nn.Module, block_len: int, max_active_decodes: int, seed: int = 0) -> RowInvariance:
-    """Batch invariance of `model`'s projections at the row counts its worker runs."""
     t0 = time.perf_counter()
     failures, checked, shapes = [], set(), []
     g = torch.Generator().manual_seed(seed)

@@ -1,17 +1,6 @@
-"""The worker side of disaggregated KV handoffs: which pages a transfer reads or fills, and when
-they return to the pool. Transport (the sends and receives themselves) is worker/kv_transfer.py.
-
-Pages are never freed under a transfer. A sender's pages pass to a *sending owner* when their
-send is opened (so the request's next block may allocate under its own id meanwhile) and return
-when the waiter reports the sends done. A receiver reserves pages under a *receiving owner* when
-it posts the receives; they become the block's own pages at InstallKV once the data is in, and
-go back to the pool if the request ended first. Refused (no pages) and dropped (request ended)
-transfers reserve nothing: their data is drained.
-
-The transport is injected (kv_transfer.TorchTransport in a worker process; the cluster simulator's
-stand-in, sim/transport.py, completes transfers after a simulated time), so this bookkeeping is
-the same in both.
-"""
+"""The worker side of KV handoffs: which pages a transfer reads or fills, and when they return to the pool.
+Pages are never freed under a transfer: meanwhile they belong to a sending or receiving owner key. The transport
+is injected (kv_transfer.TorchTransport, or sim/transport.py), so this bookkeeping is the same in the simulator."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +28,8 @@ def slots_of(alloc: PageAlloc, length: int):
 
 @dataclass(slots=True)
 class _Arrival:
-    done: bool = False                   # the data is in
-    block: SubmitBlock | None = None     # InstallKV: the block to decode
+    done: bool = False
+    block: SubmitBlock | None = None
     aborted: bool = False
 
 
@@ -62,10 +51,8 @@ class WorkerHandoffs:
     def pending(self) -> bool:
         return self.transport.pending
 
-    # ---- sending ----
     def open_streams(self, items: list[tuple[str, int, PageAlloc, int, int]]) -> list[KVSent]:
-        """(request, block, pages, canvas length, receiver) of every prefill of this forward whose
-        KV streams layer by layer; the KVSent messages must leave before the forward starts."""
+        """Open this forward's streamed sends; the KVSent messages must leave before the forward starts."""
         return self.transport.open([self._take(*it) for it in items])
 
     def layer_done(self, kv) -> None:
@@ -81,7 +68,6 @@ class WorkerHandoffs:
         self.pool.rename(request_id, sending_owner(request_id, block_index))
         return SendItem(request_id, block_index, slots_of(alloc, length), length, dst)
 
-    # ---- receiving ----
     def post(self, msg: ReceiveKV) -> None:
         dests = []
         for rid, block, length, keep in zip(msg.request_ids, msg.block_indices, msg.canvas_lens, msg.keep):
@@ -106,10 +92,8 @@ class WorkerHandoffs:
             else:
                 self.arrivals[key].aborted = True     # the pages stay until the peer's data is in
 
-    # ---- completions ----
     def poll(self) -> tuple[list[HandoffDone], list[Install]]:
-        """Finished transfers: the sender's pages go back to the pool, received blocks whose
-        InstallKV came may decode. A transport error is fatal to the worker (the group is broken)."""
+        """Finished transfers; a transport error is fatal to the worker (the group is broken)."""
         out, installs = [], []
         now = self.transport.clock()
         for t in self.transport.completed():

@@ -1,12 +1,5 @@
-"""Paged KV storage of one worker: per-layer K/V tensors and the page allocator.
-
-Pages are `page_size` token slots. The allocator prefers one contiguous run (then attention
-reads a plain view, no gather); otherwise it hands out the lowest free pages. It decides
-nothing about who gets pages: the core asks, the pool answers. With a prefix cache
-(worker/prefix_cache.py, block-causal families) an allocation may begin with cached pages it
-shares read-only, cached pages outlive their request, and unreferenced ones are reclaimed when
-the free pages run short.
-"""
+"""Paged KV storage of one worker: per-layer K/V tensors and the page allocator (it decides nothing about who
+gets pages). A contiguous run is preferred: attention then reads a plain view, no gather."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +13,8 @@ from ..model.attention import LayerKV
 class PageAlloc:
     pages: list[int]
     slot_base: int                   # >= 0 when the pages form one contiguous run
-    slot_ids: torch.Tensor | None    # slot of every canvas position otherwise
-    shared: int = 0                  # leading pages borrowed from the prefix cache (never freed with it)
+    slot_ids: torch.Tensor | None    # otherwise the slot of every canvas position
+    shared: int = 0                  # leading pages borrowed from the prefix cache, never freed with it
 
 
 def alloc_of_pages(pages: list[int], num_tokens: int, page_size: int, device: torch.device | str) -> PageAlloc:
@@ -40,8 +33,7 @@ class KVPool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
-        # One page past the allocatable ones: a scratch page that fixed-shape (CUDA graph) decode
-        # batches point their padding at. Never allocated, never read as real data.
+        # never allocated: the target of fixed-shape (CUDA graph) batches' padding
         self.scratch_page = num_pages
         slots = (num_pages + 1) * page_size
         self.layers = [LayerKV(torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device),
@@ -50,8 +42,8 @@ class KVPool:
         self._is_free = bytearray(b"\x01") * num_pages    # 1 = free; bytes.find scans it in C
         self.num_free_pages = num_pages
         self._owner: dict[str, PageAlloc] = {}
-        self._cached: set[int] = set()       # pages the prefix cache holds
-        self.cache = None                    # the PrefixCache, when there is one (it sets itself)
+        self._cached: set[int] = set()
+        self.cache = None
 
     def pages_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -65,8 +57,7 @@ class KVPool:
         return self.pages_needed(num_tokens) <= self.num_available_pages
 
     def allocate(self, owner: str, num_tokens: int, shared: list[int] = ()) -> PageAlloc:
-        """Pages for `num_tokens` canvas positions under `owner`; the first len(shared) are the
-        given cached pages (already referenced by the caller), the rest fresh."""
+        """Pages for `num_tokens` positions under `owner`, starting with `shared` (cached, referenced by the caller)."""
         n = self.pages_needed(num_tokens) - len(shared)
         if owner in self._owner:
             raise RuntimeError(f"KV pages already allocated for {owner}")
@@ -88,7 +79,7 @@ class KVPool:
         if alloc is None:
             return
         for p in alloc.pages[alloc.shared:]:
-            if p not in self._cached:            # donated to the prefix cache: it frees them later
+            if p not in self._cached:            # the prefix cache frees them later
                 self._is_free[p] = 1
                 self.num_free_pages += 1
 
@@ -97,15 +88,13 @@ class KVPool:
         self._cached.update(pages)
 
     def unshare(self, pages) -> None:
-        """The prefix cache lets these unreferenced pages go: free again."""
         for p in pages:
             self._cached.remove(p)
             self._is_free[p] = 1
         self.num_free_pages += len(pages)
 
     def rename(self, owner: str, new_owner: str) -> PageAlloc | None:
-        """Hand an allocation to a new owner key (e.g. to an in-flight send, so the request's
-        next block can allocate under its own id meanwhile). None when `owner` holds nothing."""
+        """Hand an allocation to a new owner key; None when `owner` holds nothing."""
         if new_owner in self._owner:
             raise RuntimeError(f"KV pages already allocated for {new_owner}")
         alloc = self._owner.pop(owner, None)
@@ -129,6 +118,5 @@ class KVPool:
             raise AssertionError("KV free-page count is inconsistent")
 
     def _contiguous_run(self, n: int) -> list[int] | None:
-        """The lowest run of `n` free pages."""
         i = self._is_free.find(b"\x01" * n)
         return list(range(i, i + n)) if i >= 0 else None

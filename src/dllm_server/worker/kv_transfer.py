@@ -1,20 +1,7 @@
-"""KV handoff between workers with torch.distributed point-to-point (NCCL on GPU, gloo on CPU).
-
-A *group* is what one sender sends one receiver at once: for each layer, for each request in
-order, its K then its V, each a run of pool slots sent straight from the pool (a gathered copy
-when the pages are not contiguous). A prefill worker sends a streamed group from inside the
-forward, right after each layer's attention (`KVSender.layer_done`), so layer i travels while
-layer i + 1 computes; a block held for a later HandoffKV is sent whole.
-
-Order, not locks, keeps this deadlock-free: the sender fixes the order of its sends and announces
-each group (KVSent) before its data flows; the engine relays it (ReceiveKV) on the receiver's
-FIFO inbox, and the receiver posts its receives in that order. NCCL matches sends and receives
-per pair by order, gloo by tag; both hold. Nothing here blocks the worker loop: isend / irecv
-return at once, and a waiter thread waits on the works and reports finished transfers.
-
-Pure transport: it reads and writes the K/V tensors it is given, and neither allocates nor
-frees pages (worker/handoff.py owns which pages a transfer uses and when they return).
-"""
+"""KV handoff transport over torch.distributed point-to-point; it never allocates or frees pages (worker/handoff.py
+does). Order, not locks, keeps it deadlock-free: the sender fixes its send order and announces each group (KVSent)
+before its data, and the receiver posts its receives in that order from its FIFO inbox (NCCL matches by order,
+gloo by tag). Nothing blocks the worker loop: a waiter thread waits on the works."""
 from __future__ import annotations
 
 import collections
@@ -43,20 +30,19 @@ class Transfer:
     block_index: int
     peer: int
     is_sender: bool
-    ok: bool                       # receiver: it had pages (otherwise the data was drained)
+    ok: bool                       # receiver: it had pages, else the data was drained
     num_bytes: int
     started_at: float
     works: list = field(default_factory=list)
     buffers: list = field(default_factory=list)   # tensors the works read or write: kept alive
-    staging: torch.Tensor | None = None   # receiver, gathered pages: [layers, 2, len, kv_heads, head_dim]
-    slots: torch.Tensor | slice | None = None   # receiver: where the K/V go in the pool (None: drained)
+    staging: torch.Tensor | None = None
+    slots: torch.Tensor | slice | None = None
     error: str | None = None
 
 
 class Waiter:
-    """Waits on transfers' works on a background thread, in submission order (gloo's works only
-    report completion through a blocking wait; NCCL's wait() only orders streams, so on CUDA the
-    thread waits on a private stream and synchronises it)."""
+    """Waits on transfers' works on a background thread, in submission order: gloo reports completion only through
+    a blocking wait, and NCCL's wait() only orders streams, so on CUDA it synchronises a private stream."""
 
     def __init__(self, device: torch.device) -> None:
         self.pending: list[Transfer] = []
@@ -84,7 +70,7 @@ class Waiter:
                         for w in t.works:
                             w.wait()
                     stream.synchronize()
-            except Exception as exc:   # surfaced by completed(); the worker then fails
+            except Exception as exc:
                 t.error = f"{type(exc).__name__}: {exc}"
             self._done.put(t)
 
@@ -105,7 +91,7 @@ class Waiter:
 class SendItem:
     request_id: str
     block_index: int
-    slots: torch.Tensor | slice      # the block's canvas positions in the pool
+    slots: torch.Tensor | slice
     length: int
     dst: int
 
@@ -120,10 +106,8 @@ class _Group:
 
 
 class KVSender:
-    """The sending end. `open` fixes the groups and returns their KVSent messages; `layer_done`
-    is the forward's per-layer hook; `close` sends what a failed forward left unsent (the
-    receiver has posted for every layer) and hands the transfers to the waiter. The caller keeps
-    the pages untouched until the waiter reports the transfer done."""
+    """The sending end. `close` also sends what a failed forward left unsent (the receiver posted every layer);
+    the caller keeps the pages untouched until the waiter reports the transfer done."""
 
     def __init__(self, worker_id: int, layers: list[LayerKV], waiter: Waiter) -> None:
         self.worker_id = worker_id
@@ -155,8 +139,7 @@ class KVSender:
         return msgs
 
     def layer_done(self, kv: LayerKV) -> None:
-        """Called by attention after layer `kv` of the forward: its K/V of every fed token are in
-        the pool, so this layer of every open group can go."""
+        """Attention's hook after layer `kv`: that layer of every open group can go."""
         i = self._layer_of[id(kv.k)]
         for g in self._groups:
             if g.next_layer == i:
@@ -167,7 +150,7 @@ class KVSender:
         n = len(g.items)
         for j, (it, t) in enumerate(zip(g.items, g.transfers)):
             for half, cache in enumerate((kv.k, kv.v)):
-                data = cache[it.slots]                  # a view for contiguous pages
+                data = cache[it.slots]
                 t.buffers.append(data)
                 t.works.append(dist.isend(data, g.dst, tag=g.tag_base + 2 * (layer * n + j) + half))
         g.next_layer = layer + 1
@@ -188,9 +171,7 @@ class KVSender:
 
 def post_receives(layers: list[LayerKV], waiter: Waiter, msg: ReceiveKV,
                   dests: list[torch.Tensor | slice | None]) -> list[Transfer]:
-    """The receiving end of one group: irecv every layer of every request, in the sender's order,
-    straight into the pool for a contiguous run of slots, into a staging buffer for gathered
-    slots, into a scratch buffer where `dests[i]` is None (refused or ended: drained)."""
+    """Post one group's receives in the sender's order; where `dests[i]` is None the data is drained."""
     k0 = layers[0].k
     n = len(msg.request_ids)
     now = time.perf_counter()
@@ -204,7 +185,7 @@ def post_receives(layers: list[LayerKV], waiter: Waiter, msg: ReceiveKV,
         elif slots is not None:
             t.staging = torch.empty((len(layers), 2) + shape, dtype=k0.dtype, device=k0.device)
             target = lambda i, h, s=t.staging: s[i, h]
-        else:                                            # drained: one scratch pair reused per layer
+        else:
             scratch = torch.zeros((2,) + shape, dtype=k0.dtype, device=k0.device)
             target = lambda i, h, s=scratch: s[h]
         transfers.append(t)
@@ -221,7 +202,6 @@ def post_receives(layers: list[LayerKV], waiter: Waiter, msg: ReceiveKV,
 
 
 def install_staging(layers: list[LayerKV], t: Transfer) -> None:
-    """After a completed receive into gathered slots: move the staged K/V into their slots."""
     if t.staging is None or t.slots is None:
         return
     for layer, kv in zip(layers, t.staging):
@@ -230,9 +210,7 @@ def install_staging(layers: list[LayerKV], t: Transfer) -> None:
 
 
 class TorchTransport:
-    """The transport WorkerHandoffs drives (a simulator gives it a stand-in with the same methods,
-    sim/transport.py): this worker's sender, its posted receives and the waiter that reports
-    both ends' completions. `clock` stamps transfers (Transfer.started_at)."""
+    """The transport WorkerHandoffs drives; sim/transport.py is the simulator's stand-in with the same methods."""
 
     clock = staticmethod(time.perf_counter)
 
@@ -268,10 +246,8 @@ class TorchTransport:
 
 
 def connect_peers(rank: int, peers: list[int], device: torch.device) -> None:
-    """Exchange one tiny tensor with every KV peer, in sorted pair order, at start-up. NCCL builds a
-    pair's communicator on its first point-to-point call, and that blocks both ends: it must not
-    happen first inside a forward. Sorted pairs cannot deadlock: the smallest unfinished pair
-    always has both ends waiting on it."""
+    """Exchange a tensor with every KV peer at start-up: NCCL's first call per pair blocks both ends, so not inside a
+    forward. Sorted pairs cannot deadlock: the smallest unfinished pair always has both ends waiting on it."""
     t = torch.zeros(1, device=device)
     for lo, hi in sorted((min(rank, p), max(rank, p)) for p in peers):
         if rank == lo:

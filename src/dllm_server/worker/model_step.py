@@ -1,8 +1,5 @@
-"""One iteration's model work: the packed forward of every admitted prefill and seated decode, then
-the commit rule per row. WorkerCore decides *what* runs; this decides nothing and only computes.
-It is the seam a simulator replaces (a behaviour model instead of a forward): `run` takes the
-blocks and returns, per block, which positions commit and to which tokens.
-"""
+"""One iteration's model work: the packed forward, then the commit rule per row. It decides nothing (WorkerCore
+does); `Stepper` is the seam a simulator fills with a behaviour model instead of a forward."""
 from __future__ import annotations
 
 import logging
@@ -23,25 +20,25 @@ log = logging.getLogger(__name__)
 
 
 class StepBlock(Protocol):
-    """What a step needs of a block (worker/core.py BlockTask)."""
+    """What a step needs of a block (worker/task.py BlockTask)."""
     canvas: torch.Tensor
     start: int
     end: int
     step: int
     block_index: int
     alloc: object
-    cached_len: int               # positions whose KV is in place before the first forward (prefix cache)
-    finalise_from: int            # >= 0: the previous block's start, its final tokens not yet fed
+    cached_len: int
+    finalise_from: int
     params: object
     policy: object
 
 
 @dataclass(slots=True)
 class StepResult:
-    commit: torch.Tensor | list   # bool [B, K], host: positions committed per block (block-relative);
-    tokens: torch.Tensor | list   # int64 [B, K], host. Row lists serve too (the simulator's stepper)
+    commit: torch.Tensor | list   # bool [B, K] on the host, block-relative; or row lists (the simulator)
+    tokens: torch.Tensor | list   # int64 [B, K] on the host, or row lists
     forward_s: float
-    summary: torch.Tensor | None = None   # float64 [B, F], host: confidence_summary per block
+    summary: torch.Tensor | None = None   # float64 [B, F] on the host: confidence_summary per block
 
 
 class Stepper(Protocol):
@@ -51,8 +48,7 @@ class Stepper(Protocol):
 
 
 class _ForwardTimer:
-    """Wall time of the forward on the CPU; on CUDA, device time between two events (the launch
-    returns before the kernels run), read once the step's copy to the host has synchronised."""
+    """Forward time; on CUDA from events read after the host copy synchronised (launches return early)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -73,12 +69,8 @@ class _ForwardTimer:
 
 
 def causal_fed_range(t: StepBlock, is_prefill: bool, finalise: str) -> tuple[int, int]:
-    """What a block-causal step feeds (its keys end at the block's end: nothing later is seen):
-    a request's first forward every position from the first one without KV (past a prefix-cache
-    hit) to its block's end; a block's first forward after the previous block ended also that
-    block's final tokens, so their KV is written once, in the same forward ("fused": exact, one
-    forward a block saved; "recompute": the whole prefix again, the no-cache reference;
-    "separate": a forward of their own first, ModelStepper.run); any other step the block alone."""
+    """What a block-causal step feeds (docs/block_causal.md); a block's first forward also writes the previous
+    block's final tokens unless `finalise` is "separate" (their own forward first, in ModelStepper.run)."""
     if is_prefill:
         return t.cached_len, t.end
     if t.step == 0 and t.finalise_from >= 0 and finalise != "separate":
@@ -94,7 +86,7 @@ class ModelStepper:
         self.lead = window_lead(args.logit_shift, config.dream_decoding)
         self.first_only = first_only(args.logit_shift, config.dream_decoding, config.cache)
         graphs = None
-        if device.type == "cuda" and not config.enforce_eager and not config.causal:
+        if device.type == "cuda" and not config.enforce_eager and not config.hooks.causal:
             graphs = DecodeGraphs(model, args, pool, device, config.policy.max_active_decodes, capture=True,
                                   lead=self.lead)
             t0 = time.perf_counter()
@@ -102,7 +94,7 @@ class ModelStepper:
             log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
                      time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
         self.num_forwards = 0          # model forwards run (a separate finalise counts its own)
-        self.runner = ModelRunner(model, args, pool, device, causal=config.causal,
+        self.runner = ModelRunner(model, args, pool, device, causal=config.hooks.causal,
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
 
     def _range(self, t: StepBlock, is_prefill: bool) -> tuple[int, int]:
@@ -122,7 +114,7 @@ class ModelStepper:
         batch = prefills + decodes
         items = [self._item(t, True) for t in prefills] + [self._item(t, False) for t in decodes]
         timer = _ForwardTimer(self.runner.device)
-        if self.config.block_causal_finalise == "separate":     # the unfused reference: a forward more
+        if self.config.block_causal_finalise == "separate":
             final = [ForwardItem(t.canvas, t.alloc, t.finalise_from, t.start, t.start, t.start, t.start)
                      for t in decodes if t.params.block_causal and t.step == 0 and t.finalise_from >= 0]
             if final:
@@ -133,14 +125,13 @@ class ModelStepper:
         timer.stop()
         mask_id = self.args.mask_id
         blocks = [t.canvas[t.start:t.end] for t in batch]
-        if all(b.numel() == logits.shape[1] for b in blocks):        # one block width: one compare
+        if all(b.numel() == logits.shape[1] for b in blocks):
             masked = torch.stack(blocks) == mask_id
         else:
             masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
             for i, b in enumerate(blocks):
                 masked[i, : b.numel()] = b == mask_id
-        # Fast-dLLM's Dream rule on a block's full forward while its first position is open (a
-        # re-prefill after a failed handoff finds it committed already)
+        # Fast-dLLM's Dream rule, only while the first position is open (a re-prefill may find it committed)
         n_pre = len(prefills)
         rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
                           self.first_only and i < n_pre and bool(masked[i, 0])) for i, t in enumerate(batch)]

@@ -1,15 +1,6 @@
-"""The prefix cache of block-causal families (SDAR): committed prompt KV shared across requests.
-
-A block-causal model's KV at a position depends on the tokens up to the end of its block only,
-never on the answer, so prompt KV computed once serves every later request whose tokens agree up
-to there, exactly (LLaDA / Dream: no cache, their prompt KV depends on the answer). The unit is a
-run of whole pages that ends on a block boundary too (lcm of page and block size), keyed by a hash
-chain over the token ids up to its end; only units wholly inside the prompt's complete blocks are
-cached (the first answer block, which holds the prompt's tail, never is). A hit is the longest
-chain of hits from position 0. Cached pages are read-only and counted by reference; a request that
-ends donates its own prompt units whose key is new; units nobody references stay cached until the
-pool runs short, then go least recently used first (KVPool.reclaim).
-"""
+"""The prefix cache of block-causal families (docs/block_causal.md): committed prompt KV shared across requests.
+A unit is a run of whole pages ending on a block boundary, keyed by a hash chain over the tokens up to its end;
+cached pages are read-only and counted by reference, and unreferenced ones go least recently used first."""
 from __future__ import annotations
 
 import collections
@@ -26,8 +17,8 @@ class PrefixCache:
         self.pool = pool
         self.unit_pages = math.lcm(pool.page_size, block_size) // pool.page_size
         self.unit_tokens = self.unit_pages * pool.page_size
-        self.pages_of: dict[bytes, tuple[int, ...]] = {}     # key -> its unit's pages
-        self.refs: collections.Counter = collections.Counter()  # key -> requests using it
+        self.pages_of: dict[bytes, tuple[int, ...]] = {}
+        self.refs: collections.Counter = collections.Counter()
         self.idle: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # unreferenced, oldest first
         self.hit_tokens = self.query_tokens = self.evicted_pages = 0
         pool.cache = self
@@ -49,8 +40,7 @@ class PrefixCache:
         return n
 
     def lookup(self, keys: list[bytes]) -> list[int]:
-        """Pages of the longest cached chain from the start, in canvas order; each unit is now
-        referenced once more (release() gives the references back)."""
+        """Pages of the longest cached chain from the start; each unit gains a reference until release()."""
         n = self.peek(keys)
         pages: list[int] = []
         for k in keys[:n]:
@@ -62,9 +52,8 @@ class PrefixCache:
         return pages
 
     def release(self, keys: list[bytes], num_hits: int, pages: list[int] | None) -> None:
-        """A request ends: its references to the first `num_hits` units go; given its canvas pages
-        (`pages`, None when its KV was never written), its own units past the hits join the cache
-        where their key is new (KVPool.share keeps those pages from being freed with it)."""
+        """A request ends: its references to the first `num_hits` units go, and its own units past them join the
+        cache where their key is new (`pages`: its canvas pages, None when its KV was never written)."""
         for k in keys[:num_hits]:
             self.refs[k] -= 1
             if self.refs[k] <= 0:
@@ -83,8 +72,7 @@ class PrefixCache:
             self.idle[k] = None
 
     def evict(self, needed_pages: int) -> int:
-        """Free at least `needed_pages` pages from unreferenced units, least recently used first,
-        or all of them; returns the pages freed."""
+        """Free at least `needed_pages` pages (or all) from unreferenced units, LRU first; returns the count."""
         freed: list[int] = []
         while self.idle and len(freed) < needed_pages:
             k, _ = self.idle.popitem(last=False)

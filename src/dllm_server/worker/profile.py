@@ -1,6 +1,5 @@
-"""A short start-up profile of a worker's iteration time (seeds the front process's step-time
-model before real traffic has been seen): a few real iterations of the core on synthetic
-requests, prefills and decodes at batch 1 to 4, then the requests are aborted (pages return)."""
+"""A start-up profile of a worker's iteration time, which seeds the front's step-time model before real traffic:
+real iterations of the core on synthetic prefills and decodes at batch 1 to 4."""
 from __future__ import annotations
 
 import time
@@ -25,7 +24,7 @@ def profile_iterations(core: WorkerCore, max_len: int, vocab_size: int, passes: 
 
 
 def _profile_once(core: WorkerCore, max_len: int) -> tuple[tuple[float, ...], ...]:
-    model_block = core.stepper.args.block_size            # a block-causal model profiles its own blocks
+    model_block = core.stepper.args.block_size
     block = model_block or core.config.block_length
     token = 1 if core.mask_id != 1 else 2
     params = SamplingParams(max_tokens=block).resolve(block, 0, model_block)
@@ -52,17 +51,17 @@ def _profile_once(core: WorkerCore, max_len: int) -> tuple[tuple[float, ...], ..
     try:
         for rid in ids:
             submit(rid, lengths[0])
-        step(1)                                           # 4 prefills
-        step(3)                                           # 4 decodes
+        step(1)
+        step(3)
         for rid in ids[2:]:
             core.abort(Abort(rid))
-        step(2)                                           # 2 decodes
+        step(2)
         submit("\x00profile-long", lengths[-1])
-        step(1)                                           # a prefill beside 2 decodes
+        step(1)
         submit("\x00profile-short", lengths[0])
-        step(1)                                           # a shorter one beside 3
+        step(1)
         core.abort(Abort(ids[1]))
-        step(2)                                           # 2 decodes (one just prefilled)
+        step(2)
     finally:
         for rid in ids + ["\x00profile-long", "\x00profile-short"]:
             core.abort(Abort(rid))

@@ -1,13 +1,6 @@
-"""Packs one iteration's work into a single model forward and returns block logits.
-
-Each item feeds a contiguous position range of its canvas and wants logits for its active
-block. For Dream-style models (logit_shift = 1) block position p is predicted from p - 1. A
-cached step's window then either starts one earlier (lead 1: dInfer's shifted window) or at the
-block start (lead 0: Fast-dLLM's Dream block sampler, where the block's first position is
-predicted from its own output, like Fast-dLLM's in-window shift, and is always committed
-already). This is the only place that launches device work; it knows nothing of queues or
-lifecycles.
-"""
+"""Packs one iteration's work into a single model forward and returns block logits; the only place that launches
+device work. For Dream-style models (logit_shift 1) block position p is predicted from p - 1, so a cached window
+starts one earlier (lead 1: dInfer) or at the block start (lead 0: Fast-dLLM, its first position committed)."""
 from __future__ import annotations
 
 from array import array
@@ -23,43 +16,38 @@ from .kv_pool import KVPool, PageAlloc
 
 
 class InstanceBroken(BaseException):
-    """A tensor-parallel forward failed on the leader: its followers may be waiting in a collective
-    that will never complete, so the instance cannot go on. A BaseException, so the core's "a
-    failed forward fails its requests, never the worker" does not catch it: the process ends, and
-    the front restarts the whole instance."""
+    """A tensor-parallel forward failed on the leader, whose followers may wait forever in a collective. A
+    BaseException, so the core's per-request failure handling lets it end the process (the front restarts it)."""
 
 
 @dataclass(slots=True)
 class ForwardItem:
-    canvas: torch.Tensor      # int64 [canvas_len]
+    canvas: torch.Tensor
     alloc: PageAlloc
-    fed_start: int            # fed positions [fed_start, fed_end)
+    fed_start: int
     fed_end: int
-    block_start: int          # logits wanted for block positions [block_start, block_end)
+    block_start: int          # logits wanted for [block_start, block_end)
     block_end: int
     kv_end: int | None = None # keys [0, kv_end) are attended (block-causal); None: the whole canvas
 
 
 def fed_range(mode: str, is_prefill: bool, block_start: int, block_end: int, canvas_len: int,
               lead: int) -> tuple[int, int]:
-    """Which canvas positions a step feeds, by cache mode (reference/dllm_algorithms.md §3.1);
-    a cached step also feeds the `lead` positions before its block (window_lead)."""
+    """Which canvas positions a step feeds, by cache mode; a cached step also feeds `lead` positions before it."""
     if is_prefill or mode == "none":
         return 0, canvas_len
     if mode == "prefix":
         return block_start - lead, canvas_len
-    return block_start - lead, block_end           # dual
+    return block_start - lead, block_end
 
 
 def window_lead(logit_shift: int, dream_decoding: str) -> int:
-    """Positions before the block a cached step feeds: the logit shift under dInfer's shifted
-    window, none under Fast-dLLM's Dream rules (and always none for LLaDA)."""
+    """Positions before the block a cached step feeds: the logit shift under dInfer's shifted window, else none."""
     return logit_shift if dream_decoding == "shifted" else 0
 
 
 def first_only(logit_shift: int, dream_decoding: str, cache: str) -> bool:
-    """Whether a block's full forward commits only its first position (Fast-dLLM's Dream block
-    sampler; only with a cache, whose cached steps cannot predict that position)."""
+    """Whether a block's full forward commits only its first position (Fast-dLLM's Dream rule, with a cache)."""
     return logit_shift > 0 and dream_decoding == "fast_dllm" and cache != "none"
 
 
@@ -74,17 +62,14 @@ class ModelRunner:
         self.attention = select_backend(attention_backend, device, page_size=pool.page_size,
                                         num_heads=args.local_heads, num_kv_heads=args.local_kv_heads,
                                         head_dim=args.head_dim, dtype=pool.layers[0].k.dtype)
-        self.graphs = decode_graphs      # fixed-shape path for decode-only iterations
-        self.plan_sink = None            # tensor-parallel leader: sends each forward's plan first (worker/tp.py)
+        self.graphs = decode_graphs
+        self.plan_sink = None            # tensor-parallel leader: sends each forward's plan (worker/tp.py)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], layer_done=None, decode_only: bool = False,
                 logits: bool = True) -> torch.Tensor | None:
-        """Logits [len(items), max_block_width, vocab_size] (float32, on the model's device, where
-        sampling runs); rows past an item's block width are zeros. `layer_done(layer_kv)` runs
-        after each layer's attention (streamed KV sends). A decode-only iteration of one block
-        width goes through the fixed-shape (CUDA graph) path when there is one. `logits=False`
-        (a tensor-parallel follower): the forward for its KV and all-reduces only; returns None."""
+        """Float32 logits [len(items), max block width, vocab] on the device, zero past an item's block;
+        `layer_done(kv)` runs after each layer's attention; `logits=False` (a TP follower) returns None."""
         if self.plan_sink is not None:
             try:
                 self.plan_sink(items, decode_only)
@@ -99,8 +84,7 @@ class ModelRunner:
             return out if logits else None
         shift = self.args.logit_shift
         page = self.pool.page_size
-        # Positions, cache slots and logit rows gathered as int64 arrays, one tensor each: a few
-        # host ops per iteration instead of several per item (torch.tensor(list) is 3x slower).
+        # int64 arrays, one tensor each: a few host ops per iteration instead of several per item
         pos, rows, slots = array("q"), array("q"), array("q")
         ids, seqs = [], []
         q_start = 0
@@ -132,7 +116,7 @@ class ModelRunner:
         logits = out[:, : self.args.vocab_size].float()
         widths = [it.block_end - it.block_start for it in items]
         width = max(widths)
-        if min(widths) == width:          # the usual case: one block length, no copy (a view)
+        if min(widths) == width:
             return logits.reshape(len(items), width, -1)
         out = logits.new_zeros(len(items), width, logits.shape[-1])
         offset = 0

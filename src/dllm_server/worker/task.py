@@ -1,5 +1,4 @@
-"""A worker's per-request state (BlockTask, its phases) and what one iteration feeds
-(iteration_load: the step-time model's features), shared by the core and the simulator."""
+"""A worker's per-request state and what one iteration feeds, shared by the core and the simulator."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,29 +15,28 @@ WAITING, PREFILL, READY, ACTIVE, HELD = "waiting", "prefill", "ready", "active",
 
 @dataclass(slots=True)
 class BlockTask:
-    """Worker-local state of one request: its canvas and its current block. Phases: WAITING for the
-    block's full-canvas forward, PREFILL while admitted to it, READY (prefilled) for a decode seat,
-    ACTIVE in a seat, HELD after a handoff prefill until its KV is sent."""
+    """One request's canvas and current block. Phases: WAITING for a prefill, PREFILL when admitted, READY for a
+    decode seat, ACTIVE in one, HELD after a handoff prefill until its KV is sent."""
     request_id: str
     block_index: int
     prompt_len: int
     params: DecodeParams
     policy: BlockPolicy
-    marks: AnswerMarks                # the answer's masks and stop tokens, beside the canvas
+    marks: AnswerMarks
     arrival_seq: int
     canvas: torch.Tensor
     start: int
     end: int
     handoff: bool = False
     stream_to: int | None = None
-    then: BlockPolicy | None = None     # the router's continuation: run the next block here with it
+    then: BlockPolicy | None = None     # the router's continuation: the next block runs here with it
     alloc: PageAlloc | None = None
-    step: int = 0                       # forwards done in this block
+    step: int = 0
     phase: str = WAITING
-    cached_len: int = 0                 # block-causal: positions whose KV is in place (prefix cache)
+    cached_len: int = 0                 # block-causal: positions whose KV is in place
     finalise_from: int = -1             # block-causal: the previous block's start while its final KV is unwritten
-    prefix_keys: list[bytes] | None = None   # prefix cache: its prompt units' keys (worker/prefix_cache.py)
-    prefix_hits: int = 0                # of which cached ones it references
+    prefix_keys: list[bytes] | None = None
+    prefix_hits: int = 0                # leading prefix_keys it references in the cache
 
     @property
     def key(self) -> tuple[int, int, str]:
@@ -48,16 +46,12 @@ class BlockTask:
         self.block_index += 1
         self.finalise_from = self.start if self.params.block_causal else -1
         self.start, self.end = self.params.block_bounds(self.prompt_len, self.block_index)
-        self.policy, self.then = self.then or self.policy, None    # block-causal: a standing lease
+        self.policy, self.then = self.then or self.policy, None    # no new lease: the policy stands
         self.step, self.phase = 0, WAITING
 
 
 def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> IterationStats:
-    """What one iteration feeds (the step-time model's features, costmodel/step_time.py): a prefill
-    feeds its whole canvas and attends over it (squared), a decode its fed tokens against the
-    canvas's keys (a block-causal one: the positions it feeds against the keys up to its block's
-    end, nothing after it). Pure; the core and the simulator's stepper both describe an iteration
-    with it."""
+    """The step-time model's features of one iteration (costmodel/step_time.py)."""
     prefill_tokens = prefill_sq = decode_keys = 0
     for t in prefills:
         if t.params.block_causal:

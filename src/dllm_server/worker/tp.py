@@ -1,16 +1,6 @@
-"""A tensor-parallel instance's ranks in step: the leader (rank 0, the worker the front knows)
-sends every forward's plan to its followers, which run the same sharded forward on it.
-
-The plan is what ModelRunner.forward needs of its items, as one int64 tensor: per item the canvas
-length, fed and block ranges, its pages (or contiguous slot base) and the fed token ids, plus
-whether the iteration is decode-only (the CUDA-graph path: every rank must take the same path).
-Followers keep no request state: no canvas beyond the fed ids, no allocator, no sampling. A plan,
-not a replay of the inbox: what the leader's admission decides depends on when messages arrive,
-which would differ between ranks.
-
-Transport: a broadcast over the instance's CPU (gloo) group, header then payload; on the GPU the
-all-reduces run on a separate NCCL group. A STOP plan ends the followers' loop.
-"""
+"""A tensor-parallel instance's ranks in step (docs/parallelism.md): the leader (rank 0) broadcasts every forward's
+plan over the instance's gloo group, and followers, which keep no request state, run the same sharded forward.
+A plan, not a replay of the inbox: admission depends on when messages arrive, which differs between ranks."""
 from __future__ import annotations
 
 import datetime
@@ -45,8 +35,7 @@ class TPGroups:
 
 
 def init_groups(rank: int, size: int, host: str, port: int, device: torch.device) -> TPGroups:
-    """Join the instance's torch.distributed world (its own port: one instance's restart never
-    touches another's); its store lives in rank 0's process, at `host`."""
+    """Join the instance's own torch.distributed world (own port: restarts stay independent); rank 0 hosts the store."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
                             timeout=GROUP_TIMEOUT)
@@ -70,8 +59,7 @@ def encode(items: list[ForwardItem], decode_only: bool) -> torch.Tensor:
 
 
 def decode(plan: torch.Tensor, mask_id: int, page_size: int, device: torch.device) -> tuple[list[ForwardItem], bool]:
-    """The leader's items as a follower rebuilds them: the canvas holds only the fed ids (the rest
-    is never read), the allocation the leader's pages."""
+    """The leader's items as a follower rebuilds them: only the fed ids of the canvas are real (the rest is unread)."""
     v = plan.tolist()
     decode_only, n = bool(v[2]), v[3]
     i, items = HEADER, []
@@ -107,8 +95,7 @@ class PlanSender:
 
 
 def follow(runner, groups: TPGroups, mask_id: int, page_size: int) -> int:
-    """A follower's loop: receive a plan, run its forward (no logits), until STOP or the leader
-    is gone (the broadcast raises). Returns the forwards run."""
+    """A follower's loop until STOP or the leader is gone (the broadcast raises); returns the forwards run."""
     forwards = 0
     head = torch.zeros(HEADER, dtype=torch.int64)
     while True:
@@ -147,7 +134,6 @@ def gather_rss(tp: TPGroups | None) -> tuple[float, ...]:
 
 
 def rss_mb() -> float:
-    """This process's resident memory (Linux /proc), for the per-rank start-up log line."""
     try:
         with open(f"/proc/{os.getpid()}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

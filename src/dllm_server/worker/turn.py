@@ -1,8 +1,5 @@
-"""One turn of a worker's pump: apply what the inbox held (one dispatch each), collect finished KV
-transfers, run an iteration when there is work, and close the turn's batch with a load report.
-The worker process (executor/worker_main.py) and the cluster simulator (sim/cluster.py) both take their
-turns through this function, so a simulated worker decides exactly what a real one does; only
-where the messages come from and how long the turn lasts differ."""
+"""One turn of a worker's pump; the worker process and the cluster simulator both take their turns through it, so a
+simulated worker decides exactly what a real one does."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,11 +11,8 @@ from .core import WorkerCore
 def take_turn(core: WorkerCore, msgs: list, worker_id: int, num_iterations: int,
               turn_s: Callable[[bool], float], messages_handled: int = 0,
               heartbeat: bool = False) -> tuple[list, int] | None:
-    """Returns (the batch to put out, empty when the turn did nothing, iterations run so far), or
-    None on Shutdown. `turn_s(stepped)` is the turn's duration for its load report; it is asked
-    last, once the iteration has run (the real pump measures, a simulator predicts). A
-    `heartbeat` turn reports even with nothing to say, if work remains (the front's watchdog);
-    `messages_handled` (inbox messages so far) goes in the report for the same reason."""
+    """(messages to put out, iterations so far), or None on Shutdown. `turn_s(stepped)` is asked after the
+    iteration; a `heartbeat` turn reports while work remains even with nothing to say (the front's watchdog)."""
     out: list = []
     for m in msgs:
         if isinstance(m, Shutdown):
