@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test soak serve bench bench-smoke clean
+.PHONY: install test test-fast soak serve bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# The edit loop: everything but the tests that start real server, worker or container processes
+# (the `slow` marker, tests/conftest.py), under 5 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
 # The reliability suite's long form: a 10-minute soak on the demo model, then the rest of the
 # suite; every figure is printed and written to reliability.json (docs/reliability.md).
 soak: $(STAMP)
@@ -28,13 +33,13 @@ serve: $(STAMP)
 	$(VENV)/bin/dllm-server serve
 
 bench: $(STAMP)
-	$(PY) bench/decoding.py
-	$(PY) bench/scheduler.py
-	$(PY) bench/http_vs_offline.py --threads 1
-	$(PY) bench/handoff.py
+	$(PY) -m bench.decoding
+	$(PY) -m bench.scheduler
+	$(PY) -m bench.http_vs_offline --threads 1
+	$(PY) -m bench.handoff
 
 bench-smoke: $(STAMP)
-	$(PY) bench/smoke.py
+	$(PY) -m bench.smoke
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,23 +1,11 @@
-"""Before/after in one run: a benchmark script run alternately against two source trees (a git
-ref, checked out into a temporary worktree, and the current checkout), so drift on a shared
-machine hits both alike. Each side runs the script of its own tree when it has one (so a bench
-that reads engine internals matches its code), else the current tree's copy; the package is
-imported from that side's tree (PYTHONPATH), and so is the server a script starts.
+"""Before/after in one run: a benchmark run alternately against a git ref (checked out into a
+temporary worktree) and the current checkout, so drift on a shared machine hits both alike.
 
-    python bench/ab.py --ref a31dc80 --rounds 2 -- bench/front_cpu.py --streams 64
-    python bench/ab.py --ref a31dc80 --script-from current --overlay src/dllm_server/server_process.py \
-        -- bench/http_vs_offline.py --threads 1 --rounds 1
-
-`--script-from current` runs the current tree's script on both sides (it must use only what both
-trees have); `--overlay PATH` copies a file the older tree lacks (a helper module the script
-imports, never code the benchmark measures) into its worktree.
-
-Each side's stdout is printed under a header; a script that ends its output with a line
-`RESULT {json}` also gets its numbers tabulated side by side.
+    python -m bench.ab --ref a31dc80 --rounds 2 -- bench.front_cpu --streams 64
+    python -m bench.ab --ref c495d1e --rounds 2 --script-from current -- bench.hot_path --model "$PWD/training/demo-v1"
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,7 +14,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.harness import Table, parser
+
 ROOT = Path(__file__).resolve().parents[1]
+# -P keeps the working directory (the side's worktree) off the path, so that the bench package
+# and loadgen come from PYTHONPATH; Python 3.10 has no -P and takes the side's loadgen instead.
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
+
+def module_name(script: str) -> str:
+    """bench.x, given bench.x, bench/x.py or bench/x."""
+    return script.removesuffix(".py").replace("/", ".")
 
 
 def worktree(ref: str, into: Path) -> Path:
@@ -34,16 +32,26 @@ def worktree(ref: str, into: Path) -> Path:
     return into
 
 
-def run_side(tree: Path, script: str, args: list[str], own_script: bool = True) -> tuple[str, dict | None]:
-    own = tree / script
-    path = own if own.is_file() and own_script else ROOT / script
-    # The package under test comes from the side's tree; with the current script, so does nothing
-    # else: the harness (bench helpers, the load generator) is the current tree's on both sides.
-    harness = [str(tree)] if own_script else [str(ROOT)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), *harness, str(path.parent)])}
-    proc = subprocess.run([sys.executable, str(path), *args], cwd=tree, env=env, capture_output=True, text=True)
+def command(tree: Path, module: str, own_script: bool) -> tuple[list[str], list[Path]]:
+    """(command line, PYTHONPATH) that run `module` on the side whose worktree is `tree`: by default
+    its own script on its own package, `python -m bench.x` where bench/ is a package, the file
+    bench/x.py (its folder on the path) in an older tree whose bench/ was a folder of scripts."""
+    file = tree / Path(*module.split(".")).with_suffix(".py")
+    if own_script and file.is_file() and (tree / "bench" / "__init__.py").is_file():
+        return [sys.executable, *SAFE_PATH, "-m", module], [tree / "src", tree]
+    if own_script and file.is_file():      # the layout before bench/ was a package: its scripts import each other
+        return [sys.executable, str(file)], [tree / "src", tree, file.parent]
+    # this tree's script (and its harness, and the load generator) on the side's package
+    return [sys.executable, *SAFE_PATH, "-m", module], [tree / "src", ROOT]
+
+
+def run_side(tree: Path, module: str, args: list[str], own_script: bool = True) -> tuple[str, dict | None]:
+    """The script's output, and the figures of its last `RESULT {json}` line (tabulated side by side)."""
+    cmd, path = command(tree, module, own_script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    proc = subprocess.run([*cmd, *args], cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{script} failed on {tree} (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"{module} failed on {tree} (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -52,15 +60,20 @@ def run_side(tree: Path, script: str, args: list[str], own_script: bool = True) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--ref", required=True, help="the 'before' git ref")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--script-from", choices=("own", "current"), default="own")
-    ap.add_argument("--overlay", action="append", default=[], help="file to copy into the older tree if missing")
-    ap.add_argument("script", help="bench script path relative to the tree root")
-    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("--script-from", choices=("own", "current"), default="own",
+                    help="current: this tree's script on both sides, only the package (src/) from each side's "
+                         "tree (the script must use only what both trees have)")
+    ap.add_argument("--overlay", action="append", default=[],
+                    help="a file to copy into the older tree if missing: a helper module the script imports "
+                         "(never code the benchmark measures), e.g. src/dllm_server/server_process.py")
+    ap.add_argument("script", help="the benchmark module, bench.x (or its path, bench/x.py)")
+    ap.add_argument("args", nargs="...")
     ns = ap.parse_args()
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    module = module_name(ns.script)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
@@ -75,26 +88,21 @@ def main() -> None:
         try:
             for r in range(ns.rounds):
                 for name, tree in sides if r % 2 == 0 else sides[::-1]:
-                    out, res = run_side(tree, ns.script, args, ns.script_from == "own")
-                    print(f"===== {name}, round {r + 1}: python {ns.script} {' '.join(args)}")
+                    out, res = run_side(tree, module, args, ns.script_from == "own")
+                    print(f"===== {name}, round {r + 1}: python -m {module} {' '.join(args)}")
                     print(out.rstrip(), flush=True)
                     if res is not None:
                         results[name].append(res)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
     if all(results.values()):
-        keys = [k for k in results[sides[0][0]][0] if isinstance(results[sides[0][0]][0][k], (int, float))]
-        print("\n| side | round | " + " | ".join(keys) + " |")
-        print("|---|---|" + "---|" * len(keys))
+        first = results[sides[0][0]][0]
+        keys = [k for k in first if isinstance(first[k], (int, float))]
+        print()
+        table = Table(["side", "round", *keys], cell=lambda v: f"{v:.4g}")
         for name, rows in results.items():
             for i, row in enumerate(rows):
-                print(f"| {name} | {i + 1} | " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+                table.row(name, i + 1, *(row.get(k) for k in keys))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,14 @@
-"""Attention for one layer of a loaded decode iteration, by backend form, on this machine: the paged
-per-sequence SDPA backend the CPU uses (model/attention.py sdpa_attention) against one batched SDPA
-call over keys gathered to a common length (padded_attention, the fixed-shape form CUDA graphs
-replay) and, as a bound nobody can reach with a paged cache, one batched call over keys that
-already lie in one [B, K] block (no gather). Same inputs, outputs checked equal.
+"""Attention for one layer of a loaded decode iteration, by backend form: paged per-sequence SDPA
+(the CPU's), padded (gather + one SDPA, the CUDA-graph form) and one SDPA over unpaged keys (a bound).
 
-    python bench/attention.py [--batch 1 16 32] [--q-len 32] [--kv-len 224] [--threads 1]
+    python -m bench.attention [--batch 1 16 32] [--q-len 32] [--kv-len 224] [--threads 1] [--json out.json]
 """
 from __future__ import annotations
-
-import argparse
-import json
 
 import torch
 import torch.nn.functional as F
 
-from common import median_time_s  # bench/, the script's folder
+from bench.harness import Report, median_time_s, parser, result
 from dllm_server.model.attention import AttentionBatch, LayerKV, PaddedBatch, SeqSpan, padded_attention, sdpa_attention
 
 
@@ -23,21 +17,21 @@ def timed(fn, reps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, threads=1, json_out=True)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 32])
     ap.add_argument("--q-len", type=int, default=32)
     ap.add_argument("--kv-len", type=int, default=224)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     h, d, w, n = a.heads, a.head_dim, a.q_len, a.kv_len
     print(f"one layer, {h} heads x {d}, {w} queries over {n} keys per sequence, {a.threads} thread(s), "
           f"median of {a.reps}; torch {torch.__version__}\n")
-    print("| batch | per-sequence SDPA (ms) | padded: gather + one SDPA (ms) | one SDPA, no gather (bound, ms) |")
-    print("|---|---|---|---|")
+    report = Report(a.json)
+    table = report.table(["batch", ("per-sequence SDPA (ms)", ".3f"), ("padded: gather + one SDPA (ms)", ".3f"),
+                          ("one SDPA, no gather (bound, ms)", ".3f")])
     rows = {}
     g = torch.Generator().manual_seed(0)
     for b in a.batch:
@@ -63,9 +57,10 @@ def main() -> None:
             torch.testing.assert_close(other, ref, rtol=1e-5, atol=1e-5)
         t = [timed(lambda: sdpa_attention(q, k, v, kv, paged), a.reps),
              timed(lambda: padded_attention(q, k, v, kv, padded), a.reps), timed(bound, a.reps)]
-        print(f"| {b} | {1e3 * t[0]:.3f} | {1e3 * t[1]:.3f} | {1e3 * t[2]:.3f} |", flush=True)
+        table.row(b, 1e3 * t[0], 1e3 * t[1], 1e3 * t[2])
         rows.update({f"b{b}_per_sequence_ms": 1e3 * t[0], f"b{b}_padded_ms": 1e3 * t[1], f"b{b}_bound_ms": 1e3 * t[2]})
-    print("RESULT " + json.dumps(rows))
+    report.save()
+    result(rows)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,19 @@
-"""The load model's capacity estimate (costmodel/worker_speed.py WorkerLoadModel.capacity: request-
-forwards per second a worker runs) against what the worker ran, for one-block and multi-block
-answers, before and after counting a recompute step per block (issue 33: the estimate used to
-count only each request's first prefill).
+"""The load model's capacity estimate (WorkerLoadModel.capacity, request-forwards per second) against
+what a saturated worker ran, for one- and multi-block answers, before and after issue 33's fix.
 
-A real engine (one worker, the demo model, its step-time model seeded by the start-up profile and
-refitted from its iteration reports) is held at saturation: `--concurrency` requests in flight at
-all times (closed loop), each `max_tokens` long, `ignore_eos`, `max_active_decodes` = the
-concurrency so the estimate and the run seat the same batch. Measured: request-forwards (decode
-rows plus prefill rows) over the iterations' seconds. Estimated: the formula before the fix
-(`estimate_before_fix`, 849bb6d's restated), today's `capacity(inf, completions/s, blocks)` with
-blocks = 1, and with the run's blocks per request (after).
-
-    python bench/capacity_check.py [--concurrency 16] [--seconds 20] [--max-tokens 32 128]
+    python -m bench.capacity_check [--concurrency 16] [--seconds 20] [--max-tokens 32 128] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server import SamplingParams  # noqa: E402
-from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
+from bench.harness import Report, parser
+from dllm_server import SamplingParams
+from dllm_server.checkpoint import plain_id_offset_of
+from dllm_server.config import ServerConfig
+from dllm_server.costmodel.step_time import features, report_features
+from dllm_server.engine.async_engine import AsyncEngine
 
 
 def estimate_before_fix(load, arrival_rate: float) -> float:
@@ -34,7 +22,6 @@ def estimate_before_fix(load, arrival_rate: float) -> float:
     the formula: one recompute step per request (its first prefill), keys per decode row from the
     worker's seated count rather than the last iteration's rows, and recompute steps not counted
     as forwards of their requests."""
-    from dllm_server.costmodel.step_time import features
     total = 0.0
     ready = [w for w, m in load.models.items() if m.ready]
     for w in ready:
@@ -55,6 +42,9 @@ def estimate_before_fix(load, arrival_rate: float) -> float:
 
 
 async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_tokens: int) -> dict:
+    """`concurrency` requests in flight at all times (closed loop), each `max_tokens` long, with
+    max_active_decodes = the concurrency so that the estimate and the run seat the same batch.
+    Measured: request-forwards (decode plus prefill rows) over the iterations' seconds."""
     engine = AsyncEngine(config)
     await engine.start(timeout_s=300)
     first = 1 + plain_id_offset_of(config.model)
@@ -83,11 +73,10 @@ async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_t
         measured = rows / sum(r.iteration_s for r in reports)
         rate = len(done) / span
         mean_blocks = sum(blocks) / len(blocks)
-        from dllm_server.costmodel.step_time import report_features
         model = engine.load.models[0]
         predicted = sum(model.predict(report_features(r)) for r in reports) / sum(r.iteration_s for r in reports)
-        return {"iteration_model_error": predicted - 1.0,"max_tokens": max_tokens, "blocks_per_request": mean_blocks, "completions_per_s": rate,
-                "iterations": len(reports), "measured": measured,
+        return {"iteration_model_error": predicted - 1.0, "max_tokens": max_tokens, "blocks_per_request": mean_blocks,
+                "completions_per_s": rate, "iterations": len(reports), "measured": measured,
                 "before_fix": estimate_before_fix(engine.load, rate),
                 "before": engine.load.capacity(float("inf"), rate, 1.0),
                 "after": engine.load.capacity(float("inf"), rate, mean_blocks)}
@@ -96,8 +85,7 @@ async def saturate(config: ServerConfig, concurrency: int, seconds: float, max_t
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)", json_out=True)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[32, 128])
@@ -106,15 +94,18 @@ def main() -> None:
     rows = [asyncio.run(saturate(config, a.concurrency, a.seconds, m)) for m in a.max_tokens]
     print(f"capacity estimate vs measured, {a.concurrency} requests in flight, {a.seconds:g} s each "
           f"(request-forwards per second)\n")
-    print("| max_tokens | blocks / request | completions / s | measured | before the fix (849bb6d's formula) | error | "
-          "today's, 1 recompute / request | error | today's, 1 / block (after) | error | "
-          "step-time model on the run's own iterations |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    report = Report(a.json)
+    table = report.table(["max_tokens", ("blocks / request", ".2f"), ("completions / s", ".2f"), ("measured", ".0f"),
+                          ("before the fix (849bb6d's formula)", ".0f"), "error",
+                          ("today's, 1 recompute / request", ".0f"), "error", ("today's, 1 / block (after)", ".0f"),
+                          "error", "step-time model on the run's own iterations"])
     for r in rows:
         m = r["measured"]
         err = lambda v: f"{100 * (v - m) / m:+.0f} %"
-        print(f"| {r['max_tokens']} | {r['blocks_per_request']:.2f} | {r['completions_per_s']:.2f} | {m:.0f} | "
-              f"{r['before_fix']:.0f} | {err(r['before_fix'])} | {r['before']:.0f} | {err(r['before'])} | "
-              f"{r['after']:.0f} | {err(r['after'])} | {100 * r['iteration_model_error']:+.0f} % |")
+        table.row(r["max_tokens"], r["blocks_per_request"], r["completions_per_s"], m, r["before_fix"],
+                  err(r["before_fix"]), r["before"], err(r["before"]), r["after"], err(r["after"]),
+                  f"{100 * r['iteration_model_error']:+.0f} %")
+    report.save()
 
 
 if __name__ == "__main__":

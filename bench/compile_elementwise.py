@@ -1,33 +1,26 @@
-"""Would fusing the elementwise passes pay on this CPU? RMSNorm, rotary and SwiGLU at a loaded
-demo-model v1 iteration's shape (912 tokens, d=256, 4 heads x 64, MLP 704), eager as the served
-model runs them (model/layers.py) against torch.compile (inductor's C++ backend, dynamic
-shapes), with the compile time and whether the results are bit-identical. Needs a C++ compiler.
+"""Would fusing the elementwise passes pay on this CPU? RMSNorm, rotary and SwiGLU at a loaded demo-model
+v1 iteration's shape, eager against torch.compile (inductor's C++ backend; needs a C++ compiler).
 
-    python bench/compile_elementwise.py
+    python -m bench.compile_elementwise [--json out.json]
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 
+from bench.harness import Report, Timer, parser, samples_s
+
+# 912 tokens, d=256, 4 heads x 64, MLP 704: a loaded iteration of the demo model v1
 T, D_MODEL, MLP, HEADS, HEAD_DIM = 912, 256, 704, 4, 64
 
 
 def best_us(fn, arg, reps: int = 20, draws: int = 7) -> float:
-    for _ in range(3):
-        fn(arg)
-    best = float("inf")
-    for _ in range(draws):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn(arg)
-        best = min(best, (time.perf_counter() - t) / reps)
-    return best * 1e6
+    """The best of `draws` means over `reps` calls, in microseconds."""
+    return 1e6 * min(samples_s(lambda: fn(arg), draws, warmup=3, inner=reps))
 
 
 def main() -> None:
+    a = parser(__doc__, json_out=True).parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(T, D_MODEL, generator=g), torch.rand(D_MODEL, generator=g)
@@ -54,15 +47,17 @@ def main() -> None:
         return torch.cat([a[..., half:], a[..., :half]], dim=-1) * sin + a * cos
 
     print(f"torch {torch.__version__}, 1 thread, {T} tokens\n")
-    print("| pass | eager (us) | compiled (us) | compiled / eager | bit-identical | compile (s) |\n|---|---|---|---|---|---|")
+    report = Report(a.json)
+    table = report.table(["pass", ("eager (us)", ".0f"), ("compiled (us)", ".0f"), ("compiled / eager", ".2f"),
+                          "bit-identical", ("compile (s)", ".1f")])
     for name, eager, pure, arg in (("RMSNorm", norm, norm, x), ("rotary (Q and K)", rotary, rotary_pure, qk),
                                    ("SwiGLU product", swiglu, swiglu_pure, gu)):
-        t0 = time.perf_counter()
-        comp = torch.compile(pure, dynamic=True)
-        same = torch.equal(comp(arg), eager(arg))
-        compile_s = time.perf_counter() - t0
+        with Timer() as compile_s:
+            comp = torch.compile(pure, dynamic=True)
+            same = torch.equal(comp(arg), eager(arg))
         e, c = best_us(eager, arg), best_us(comp, arg)
-        print(f"| {name} | {e:.0f} | {c:.0f} | {c / e:.2f} | {same} | {compile_s:.1f} |", flush=True)
+        table.row(name, e, c, c / e, same, compile_s.s)
+    report.save()
 
 
 if __name__ == "__main__":

@@ -1,34 +1,24 @@
-"""Decoding benchmark (offline engine), in one run:
+"""Decoding (offline engine): the three cache modes and the cost of a block step (cache), the unmasking
+rules with bench/quality.py's measures (rules), and Dream's decodings under the two caches (dream).
 
-- cache: batch-1 latency and tokens per forward for the three cache modes, and the cost of one
-  cached block step against a full-canvas forward; the dual step also through the fixed-shape
-  path that CUDA workers replay as graphs (run eagerly here unless the model is on CUDA);
-- rules: the unmasking rules on the same prompts (threshold 0.9 vs the EB-sampler's entropy
-  bounds): forwards, batch-1 latency, and bench/quality.py's measures (token agreement with the
-  same request at threshold 0.99, pseudo log-likelihood), on the embedded (trained) demo model;
-- dream: Dream under the prefix and dual caches, Fast-dLLM's rules (fast_dllm) vs dInfer's shifted
-  window, the same measures (agreement with cache none at threshold 0.99), on a random Dream.
-
-    python bench/decoding.py [--model DIR] [--prompt-len 256] [--max-tokens 128] [--only cache,rules,dream]
+    python -m bench.decoding [--model DIR] [--prompt-len 256] [--max-tokens 128] [--only cache,rules,dream]
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import platform
 import statistics
 import tempfile
-import time
 
 import torch
 
+from bench.harness import Report, Timer, median_time_s, parser, plain_ids
+from bench.quality import agreement, pseudo_log_likelihood
 from dllm_server import LLM, SamplingParams
 from dllm_server.checkpoint import embedded_model_path
 from dllm_server.model.tiny import make_tiny_model
 from dllm_server.worker.cuda_graph import DecodeGraphs
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
-from common import plain_id_offset
-from quality import agreement, pseudo_log_likelihood
 
 TEXTS = ["Good morrow, my lord. What news from the court?", "Now is the winter of our discontent",
          "Friends, Romans, countrymen, lend me your ears;", "What light through yonder window breaks?",
@@ -36,41 +26,32 @@ TEXTS = ["Good morrow, my lord. What news from the court?", "Now is the winter o
          "If music be the food of love, play on;", "Once more unto the breach, dear friends, once more;"]
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def run_rule(llm: LLM, prompts: list[str], params: SamplingParams, repeats: int):
     """Each prompt alone (batch 1): the outputs, and the median over repeats of the mean latency."""
     llm.generate(prompts[0], params)   # warm-up
     outs, times = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        outs = [llm.generate(p, params)[0] for p in prompts]
-        times.append((time.perf_counter() - t) / len(prompts))
+        with Timer() as t:
+            outs = [llm.generate(p, params)[0] for p in prompts]
+        times.append(t.s / len(prompts))
     return outs, statistics.median(times)
 
 
-def quality_row(label: str, llm: LLM, prompts: list[str], params: SamplingParams, refs: list[list[int]],
+def quality_row(table, label: str, llm: LLM, prompts: list[str], params: SamplingParams, refs: list[list[int]],
                 repeats: int) -> None:
     outs, t = run_rule(llm, prompts, params, repeats)
     fwd = statistics.mean(o.stats.num_forwards for o in outs)
     agree = statistics.mean(agreement(o.token_ids, r) for o, r in zip(outs, refs))
     pll = statistics.mean(pseudo_log_likelihood(llm, o.prompt_token_ids, o.token_ids) for o in outs)
     tpf = statistics.mean(o.tokens_per_forward for o in outs)
-    print(f"| {label} | {fwd:.1f} | {tpf:.2f} | {t * 1000:.0f} | {agree:.3f} | {pll:.3f} |")
+    table.row(label, fwd, tpf, t * 1000, agree, pll)
 
 
-QUALITY_HEAD = ("| forwards / request | tokens / forward | latency / request (ms) | agreement with 0.99 "
-                "| pseudo log-lik |")
+QUALITY_COLUMNS = [("forwards / request", ".1f"), ("tokens / forward", ".2f"), ("latency / request (ms)", ".0f"),
+                   ("agreement with 0.99", ".3f"), ("pseudo log-lik", ".3f")]
 
 
-def rules_table(a) -> None:
+def rules_table(a, report: Report) -> None:
     path = a.rules_model or str(embedded_model_path())
     base = dict(max_tokens=a.rules_max_tokens, ignore_eos=True)
     llm = LLM(path, cache="dual", block_length=a.block_length, dtype=a.dtype)
@@ -78,15 +59,14 @@ def rules_table(a) -> None:
     print(f"rules: model={path} cache=dual block_length={a.block_length} max_tokens={a.rules_max_tokens} greedy, "
           f"{len(TEXTS)} prompts each alone, latency median of {a.repeats}; reference: threshold 0.99, same cache")
     print()
-    print("| rule " + QUALITY_HEAD)
-    print("|---|---|---|---|---|---|")
-    quality_row("threshold 0.9", llm, TEXTS, SamplingParams(threshold=0.9, **base), refs, a.repeats)
+    table = report.table(["rule", *QUALITY_COLUMNS])
+    quality_row(table, "threshold 0.9", llm, TEXTS, SamplingParams(threshold=0.9, **base), refs, a.repeats)
     for b in a.entropy_bounds.split(","):
-        quality_row(f"entropy bound {float(b):g}", llm, TEXTS, SamplingParams(entropy_bound=float(b), **base), refs,
-                    a.repeats)
+        quality_row(table, f"entropy bound {float(b):g}", llm, TEXTS, SamplingParams(entropy_bound=float(b), **base),
+                    refs, a.repeats)
 
 
-def dream_table(a) -> None:
+def dream_table(a, report: Report) -> None:
     path = a.dream_model or str(make_tiny_model(tempfile.mkdtemp(), arch="dream", hidden=256, layers=4, heads=4,
                                                 mlp=704, seed=0))
     base = dict(max_tokens=a.rules_max_tokens, ignore_eos=True)
@@ -96,22 +76,20 @@ def dream_table(a) -> None:
           f"{a.dream_threshold}, {len(TEXTS)} prompts each alone, latency median of {a.repeats}; "
           f"reference: cache none, threshold 0.99")
     print()
-    print("| cache, Dream decoding " + QUALITY_HEAD)
-    print("|---|---|---|---|---|---|")
+    table = report.table(["cache, Dream decoding", *QUALITY_COLUMNS])
     for cache in ("prefix", "dual"):
         for decoding in ("fast_dllm", "shifted"):
             llm = LLM(path, cache=cache, block_length=a.block_length, dtype=a.dtype, dream_decoding=decoding)
-            quality_row(f"{cache}, {decoding}", llm, TEXTS, SamplingParams(threshold=a.dream_threshold, **base), refs,
-                        a.repeats)
+            quality_row(table, f"{cache}, {decoding}", llm, TEXTS, SamplingParams(threshold=a.dream_threshold, **base),
+                        refs, a.repeats)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="checkpoint folder (default: a seeded random 4-layer d=256 LLaDA)")
+    ap = parser(__doc__, model="checkpoint folder (default: a seeded random 4-layer d=256 LLaDA)", threads=1,
+                json_out=True)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--only", default="cache,rules,dream", help="tables to run: cache, rules, dream")
@@ -123,17 +101,22 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tables = args.only.split(",")
+    report = Report(args.json)
     if "rules" in tables:
-        rules_table(args)
+        rules_table(args, report)
         print()
     if "dream" in tables:
-        dream_table(args)
+        dream_table(args, report)
         print()
-    if "cache" not in tables:
-        return
+    if "cache" in tables:
+        cache_tables(args, report)
+    report.save()
+
+
+def cache_tables(args, report: Report) -> None:
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4,
                                              heads=4, mlp=704, seed=0))
-    first = 1 + plain_id_offset(path)
+    first = 1 + plain_ids(path)
     prompt = {"prompt_token_ids": [(i * 37) % 250 + first for i in range(args.prompt_len)]}
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     print(f"model={path} dtype={args.dtype} threads={args.threads} machine={platform.processor() or platform.machine()}"
@@ -141,8 +124,8 @@ def main() -> None:
     print(f"prompt_len={args.prompt_len} max_tokens={args.max_tokens} block_length={args.block_length} "
           f"threshold=0.9 greedy, median of {args.repeats}")
     print()
-    print("| cache | latency (s) | forwards | tokens / forward | output tok/s |")
-    print("|---|---|---|---|---|")
+    table = report.table(["cache", ("latency (s)", ".3f"), "forwards", ("tokens / forward", ".2f"),
+                          ("output tok/s", ".1f")])
     llm = None
     for cache in ("none", "prefix", "dual"):
         llm = LLM(path, cache=cache, block_length=args.block_length, dtype=args.dtype)
@@ -152,9 +135,8 @@ def main() -> None:
         def run():
             nonlocal out
             out = llm.generate(prompt, params)[0]
-        t = median_time(run, args.repeats)
-        print(f"| {cache} | {t:.3f} | {out.stats.num_forwards} | {out.tokens_per_forward:.2f} | "
-              f"{len(out.token_ids) / t:.1f} |")
+        t = median_time_s(run, args.repeats, warmup=0)
+        table.row(cache, t, out.stats.num_forwards, out.tokens_per_forward, len(out.token_ids) / t)
 
     # One block step vs a full forward over the same canvas, batch 1 and 16.
     core = llm.core
@@ -164,9 +146,9 @@ def main() -> None:
                                                    capture=dev.type == "cuda"))
     canvas_len = args.prompt_len + args.max_tokens
     print()
-    print(f"| batch | full forward {canvas_len} tok (ms) | prefix step (ms) | dual step {args.block_length} tok (ms) "
-          f"| full / dual | dual step, fixed-shape path (ms) |")
-    print("|---|---|---|---|---|---|")
+    table = report.table(["batch", (f"full forward {canvas_len} tok (ms)", ".1f"), ("prefix step (ms)", ".1f"),
+                          (f"dual step {args.block_length} tok (ms)", ".1f"), "full / dual",
+                          ("dual step, fixed-shape path (ms)", ".1f")])
     for batch in (1, 16):
         items = {m: [] for m in ("full", "prefix", "dual")}
         for b in range(batch):
@@ -179,11 +161,10 @@ def main() -> None:
             for m in ("prefix", "dual"):
                 lo, hi = fed_range(m, False, s, e, canvas_len, llm.args.logit_shift)
                 items[m].append(ForwardItem(canvas, alloc, lo, hi, s, e))
-        ms = {m: 1000 * median_time(lambda: llm.runner.forward(items[m]), 5) for m in items}
+        ms = {m: 1000 * median_time_s(lambda: llm.runner.forward(items[m]), 5, warmup=0) for m in items}
         fixed.forward(items["dual"], decode_only=True)                    # builds (or captures) the shape
-        ms["fixed"] = 1000 * median_time(lambda: fixed.forward(items["dual"], decode_only=True), 5)
-        print(f"| {batch} | {ms['full']:.1f} | {ms['prefix']:.1f} | {ms['dual']:.1f} | {ms['full'] / ms['dual']:.1f}x "
-              f"| {ms['fixed']:.1f} |")
+        ms["fixed"] = 1000 * median_time_s(lambda: fixed.forward(items["dual"], decode_only=True), 5, warmup=0)
+        table.row(batch, ms["full"], ms["prefix"], ms["dual"], f"{ms['full'] / ms['dual']:.1f}x", ms["fixed"])
         for b in range(batch):
             core.pool.free(f"bench{b}")
     print()

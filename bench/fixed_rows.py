@@ -1,25 +1,18 @@
-"""The cost of forcing batch invariance (ServerConfig.fixed_matmul_rows): the same forwards with
-one matmul per projection and with fixed-row matmuls of several sizes, side by side in one run
-(rounds interleaved), on the demo model by default. Forwards: dual-cache block steps of B seated
-requests (B x block rows) and full-canvas prefills. Also whether each setting is batch-invariant
-here (worker/determinism.py).
+"""The cost of forcing batch invariance (ServerConfig.fixed_matmul_rows): block steps and prefills with one
+matmul per projection and with fixed-row matmuls, rounds interleaved, and whether each is batch-invariant.
 
-    python bench/fixed_rows.py [--model DIR] [--rows 0 16 32 64] [--threads 1] [--rounds 3]
+    python -m bench.fixed_rows [--model DIR] [--rows 0 16 32 64] [--threads 1] [--rounds 3] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server import LLM  # noqa: E402
-from dllm_server.worker import determinism as D  # noqa: E402
-from dllm_server.worker.runner import ForwardItem  # noqa: E402
-from common import median_time_s, step_items  # noqa: E402  (bench/, the script's folder)
+from bench.harness import Report, median_time_s, parser, step_items
+from dllm_server import LLM
+from dllm_server.worker import determinism as D
+from dllm_server.worker.runner import ForwardItem
 
 
 def timed(fn, reps: int) -> float:
@@ -27,12 +20,10 @@ def timed(fn, reps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)", threads=1, json_out=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[0, 16, 32, 64])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prefill", type=int, nargs="+", default=[100, 224, 1000])
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -58,14 +49,14 @@ def main() -> None:
                 times[(c, r)].append(timed(fn, 10))
     print(f"model {llm.path}, float32, {a.threads} thread(s); median of {a.rounds} interleaved rounds (each a median "
           "of 10 forwards), ms\n")
-    print("| forward | " + " | ".join("one matmul" if r == 0 else f"fixed {r} rows" for r in a.rows) + " |")
-    print("|---|" + "---|" * len(a.rows))
+    report = Report(a.json)
+    table = report.table(["forward", *("one matmul" if r == 0 else f"fixed {r} rows" for r in a.rows)])
     for c in cases:
         base = statistics.median(times[(c, a.rows[0])])
-        cells = [f"{statistics.median(times[(c, r)]):.2f}" + ("" if r == a.rows[0] else
-                 f" ({statistics.median(times[(c, r)]) / base:.2f}x)") for r in a.rows]
-        print(f"| {c} | " + " | ".join(cells) + " |")
-    print("| batch-invariant here (self-check) | " + " | ".join("yes" if verdict[r] else "no" for r in a.rows) + " |")
+        table.row(c, *(f"{statistics.median(times[(c, r)]):.2f}" + ("" if r == a.rows[0] else
+                       f" ({statistics.median(times[(c, r)]) / base:.2f}x)") for r in a.rows))
+    table.row("batch-invariant here (self-check)", *("yes" if verdict[r] else "no" for r in a.rows))
+    report.save()
 
 
 if __name__ == "__main__":

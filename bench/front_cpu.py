@@ -1,37 +1,23 @@
-"""Front-process CPU per streamed denoising step: N concurrent SSE streams of long answers through
-a real `dllm-server serve` (one worker), one commit per step (`steps = max_tokens`), so every
-stream sees max_tokens steps. The front's CPU seconds (user + system of the server process
-alone, from /proc; the worker is a separate process) over the load, divided by the denoising
-steps the server ran (its own `dllm:denoising_steps` counter).
+"""Front-process CPU per streamed denoising step: N concurrent SSE streams of long answers (one commit
+per step) through a real `dllm-server serve`, the server process's CPU seconds over its step counter.
 
-    python bench/front_cpu.py [--streams 64] [--max-tokens 512] [--model DIR]
-
-Self-contained (no helpers from the package) so bench/ab.py can run it against older trees.
+    python -m bench.front_cpu [--streams 64] [--max-tokens 512] [--model DIR] [--progress]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.harness import Timer, parser, result, server
 
 
 def cpu_seconds(pid: int) -> float:
+    """User + system seconds of that process alone (the worker is a separate process)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
 
@@ -64,8 +50,7 @@ async def stream_all(url: str, n: int, max_tokens: int, progress: bool) -> tuple
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model")
+    ap = parser(__doc__, model="checkpoint (default: a seeded random 2-layer d=64 LLaDA)")
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--progress", action="store_true", help="also stream the denoising progress chunks")
@@ -73,38 +58,21 @@ def main() -> None:
     from dllm_server.model.tiny import make_tiny_model
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=64, layers=2, heads=4,
                                              mlp=128, seed=0))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "dllm_server.cli", "serve", path, "--port", str(port),
-                               "--dtype", "float32", "--threads-per-worker", "1",
-                               "--max-active-decodes", str(max(64, args.streams))],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise SystemExit("server did not become healthy")
-            time.sleep(0.3)
-        asyncio.run(stream_all(url, 2, 32, args.progress))            # warm-up
-        steps0, cpu0, t0 = counter(url, "dllm:denoising_steps"), cpu_seconds(server.pid), time.perf_counter()
-        chunks, chars = asyncio.run(stream_all(url, args.streams, args.max_tokens, args.progress))
-        wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
-        steps = counter(url, "dllm:denoising_steps") - steps0
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+    with server(path, "--dtype", "float32", "--threads-per-worker", "1",
+                "--max-active-decodes", str(max(64, args.streams))) as s:
+        asyncio.run(stream_all(s.url, 2, 32, args.progress))            # warm-up
+        steps0, cpu0 = counter(s.url, "dllm:denoising_steps"), cpu_seconds(s.pid)
+        with Timer() as t:
+            chunks, chars = asyncio.run(stream_all(s.url, args.streams, args.max_tokens, args.progress))
+        wall, cpu = t.s, cpu_seconds(s.pid) - cpu0
+        steps = counter(s.url, "dllm:denoising_steps") - steps0
     per_step_us = 1e6 * cpu / steps
     print(f"{args.streams} streams x {args.max_tokens} tokens, one commit per step, progress={args.progress}: "
           f"{steps:.0f} steps in {wall:.1f} s, {chunks} SSE chunks, {chars} characters streamed")
     print(f"front process CPU {cpu:.2f} s ({100 * cpu / wall:.0f} % of one core), "
           f"{per_step_us:.1f} us per streamed step")
-    print("RESULT " + json.dumps({"front_cpu_s": round(cpu, 3), "steps": int(steps), "wall_s": round(wall, 2),
-                                  "us_per_step": round(per_step_us, 2), "sse_chunks": chunks}))
+    result({"front_cpu_s": round(cpu, 3), "steps": int(steps), "wall_s": round(wall, 2),
+            "us_per_step": round(per_step_us, 2), "sse_chunks": chunks})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,10 @@
-"""GPU benchmark, one run (about 5-7 minutes on one H200): a LLaDA-8B-shaped model with random bf16
-weights built on the device, then
-  1. correctness: the runner's paged SDPA path vs the dense forward (full refresh and a dual-cache
-     block step right after it), and FlashInfer's paged prefill vs SDPA when flashinfer is there;
-  2. dense bf16 GEMM rate at the model's shapes (the roofline for everything below);
-  3. dual-cache block step time vs batch 1..64 (32 query tokens each, canvas 512+256);
-  4. full-canvas prefill time vs length 256..4096;
-  5. closed-batch serving through the offline LLM: default scheduler vs the batch-1 baseline
-     (a --serve-layers model of the same width: writing 16 GB of safetensors is too slow here);
-  6. capacity at matched latency behind the real server (gpu_capacity.py).
-Markdown tables go to stdout; everything goes to --out (JSON, rewritten after every phase, with
-the log's tail and each failed phase's traceback). The frame is gpu_harness.py.
+"""GPU benchmark (docs/gpu.md; 5-7 minutes on one H200): a LLaDA-8B-shaped model with random weights, its
+correctness, GEMM rate, block-step and prefill times, FlashInfer, serving and capacity at matched
+latency. Markdown tables on stdout; everything in --out (JSON, rewritten after every phase).
 
-    python bench/gpu.py                                   # on the GPU box (scripts/gpu_run.sh)
-    python bench/gpu.py --only serving,capacity           # the fallback after a run cut short
-    python bench/gpu.py --smoke --out /tmp/gpu.json       # CPU, tiny shapes, < 1 minute (CI)
+    python -m bench.gpu                                   # on the GPU box (scripts/gpu_run.sh)
+    python -m bench.gpu --only serving,capacity           # the fallback after a run cut short
+    python -m bench.gpu --smoke --out /tmp/gpu.json       # CPU, tiny shapes, < 1 minute (CI)
 """
 from __future__ import annotations
 
@@ -23,25 +14,23 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_flashinfer as FI  # noqa: E402
-import gpu_parts as P  # noqa: E402
-from gpu_capacity import BASELINE, DEFAULT, capacity_comparison  # noqa: E402
-from gpu_harness import PHASES, Bench, env_info, md_table, setup_logging  # noqa: E402
-
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.worker.cuda_graph import DecodeGraphs  # noqa: E402
-from dllm_server.worker.kv_pool import KVPool  # noqa: E402
-from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range  # noqa: E402
+from bench import gpu_flashinfer as FI
+from bench import gpu_parts as P
+from bench.gpu_capacity import BASELINE, DEFAULT, capacity_comparison
+from bench.gpu_harness import PHASES, Bench, env_info, print_table, setup_logging
+from bench.harness import Timer, parser
+from dllm_server.config import ServerConfig
+from dllm_server.worker.cuda_graph import DecodeGraphs
+from dllm_server.worker.kv_pool import KVPool
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, seed=0)
     ap.add_argument("--smoke", action="store_true", help="tiny fp32 model and shapes (CPU; what CI runs)")
     default_out = Path(os.environ["OUT"]) / "gpu_bench.json" if os.environ.get("OUT") else Path("runs/gpu_bench.json")
     ap.add_argument("--out", type=Path, default=default_out)
@@ -50,7 +39,6 @@ def main() -> int:
     ap.add_argument("--serve-layers", type=int, default=4, help="layers of the serving model (same width)")
     ap.add_argument("--device", help="default: cuda when available (cpu with --smoke)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: 1 with --smoke)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                     help="default: bfloat16 (float32 with --smoke)")
     ap.add_argument("--skip-serving", action="store_true")
@@ -97,12 +85,12 @@ def main() -> int:
     st: dict = {}
 
     def build():
-        t = time.perf_counter()
-        st["model"], st["args"] = P.build_model(cfg, device, dtype, a.seed)
-        P.sync(device)
+        with Timer() as t:
+            st["model"], st["args"] = P.build_model(cfg, device, dtype, a.seed)
+            P.sync(device)
         n = sum(p.numel() for p in st["model"].parameters())
         emb = cfg["embedding_size"] * cfg["d_model"] * 2
-        r = {"params": n, "params_non_embedding": n - emb, "build_s": time.perf_counter() - t,
+        r = {"params": n, "params_non_embedding": n - emb, "build_s": t.s,
              "weights_gib": n * torch.finfo(dtype).bits / 8 / 2**30}
         print(f"{n / 1e6:,.1f} M parameters ({r['weights_gib']:.2f} GiB), built on {device} in {r['build_s']:.1f} s")
         return r
@@ -119,15 +107,15 @@ def main() -> int:
             for check, c in v.items():
                 rows.append([case, check, c["max_abs"], c["max_rel"], c["mean_rel"], c["worst_row_mean_rel"],
                              c["argmax_agree"], c["tol_rel"], c["ok"]])
-        print(md_table(["case", "check", "max abs err", "max rel err (vs max abs ref)", "mean rel err",
-                        "worst row mean rel", "argmax agree", "tol", "ok"], rows))
+        print_table(["case", "check", "max abs err", "max rel err (vs max abs ref)", "mean rel err",
+                     "worst row mean rel", "argmax agree", "tol", "ok"], rows)
         print(f"\npaged SDPA vs dense: {'OK' if r['ok'] else 'FAIL'}")
         return r
 
     def gemm():
         rows = P.gemm_rates(st["args"], device, dtype, sh.gemm_tokens, sh.warmup, sh.repeats)
-        print(md_table(["GEMM", "M (tokens)", "K", "N", "ms", "TFLOP/s"],
-                       [[r["name"], r["m"], r["k"], r["n"], r["ms"], r["tflops"]] for r in rows]))
+        print_table(["GEMM", "M (tokens)", "K", "N", "ms", "TFLOP/s"],
+                    [[r["name"], r["m"], r["k"], r["n"], r["ms"], r["tflops"]] for r in rows])
         peak = max(r["tflops"] for r in rows)
         print(f"\ndense {str(dtype).removeprefix('torch.')} GEMM rate of this machine (best shape): {peak:.3g} TFLOP/s")
         return {"rows": rows, "peak_tflops": peak}
@@ -168,10 +156,10 @@ def main() -> int:
             model_ms = P.median(tm.take()[sh.warmup:])
             eager_logits = runner.forward(items).clone()
             tm.take()
-            t = time.perf_counter()
-            graph_logits = graph_runner.forward(items, decode_only=True).clone()
-            P.sync(device)
-            first_s = time.perf_counter() - t              # includes the capture of this shape
+            with Timer() as t:
+                graph_logits = graph_runner.forward(items, decode_only=True).clone()
+                P.sync(device)
+            first_s = t.s                                  # includes the capture of this shape
             graph_ms = P.median(P.time_ms(lambda: graph_runner.forward(items, decode_only=True), device,
                                           sh.warmup, sh.repeats))
             check = P.compare(graph_logits, eager_logits, tol)
@@ -195,13 +183,13 @@ def main() -> int:
         if not rows:
             return {"rows": [], "graphs": {"ok": graph_ok}}
         L = sh.prompt + sh.answer
-        print(md_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step (ms)",
-                        "graph step (ms)", "graph first call (s)", "graph vs eager max rel", "worst row mean rel",
-                        "argmax agree", "model TFLOP/s", "output tok/s at 1 token/step"],
-                       [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"],
-                         r["graph_step_ms"], r["graph_first_call_s"], r["graph_vs_eager"]["max_rel"],
-                         r["graph_vs_eager"]["worst_row_mean_rel"], r["graph_vs_eager"]["argmax_agree"],
-                         r["model_tflops"], r["output_tok_s_at_1_per_step"]] for r in rows]))
+        print_table(["batch", "fed tokens", "model step (ms)", "x batch 1", "runner step (ms)",
+                     "graph step (ms)", "graph first call (s)", "graph vs eager max rel", "worst row mean rel",
+                     "argmax agree", "model TFLOP/s", "output tok/s at 1 token/step"],
+                    [[r["batch"], r["fed_tokens"], r["model_ms"], r["step_vs_batch1"], r["step_ms"],
+                      r["graph_step_ms"], r["graph_first_call_s"], r["graph_vs_eager"]["max_rel"],
+                      r["graph_vs_eager"]["worst_row_mean_rel"], r["graph_vs_eager"]["argmax_agree"],
+                      r["model_tflops"], r["output_tok_s_at_1_per_step"]] for r in rows])
         top = rows[-1]
         peak = peak_tflops()
         util = {"batch": top["batch"], "model_tflops": top["model_tflops"], "gemm_peak_tflops": peak,
@@ -212,8 +200,8 @@ def main() -> int:
                "block_positions_per_s": best["batch"] * sh.block / (best["step_ms"] / 1e3)}
         frac = "n/a" if util["fraction_of_gemm_peak"] is None else f"{100 * util['fraction_of_gemm_peak']:.1f} %"
         print(f"\nbatch {top['batch']}: model {top['model_tflops']:.3g} TFLOP/s = {frac} of the measured GEMM rate; "
-              f"saturation: {sat['output_tok_s_at_1_per_step']:.0f} output tok/s at 1 token/step (batch {sat['batch']}, "
-              f"runner step); multiply by tokens/step (threshold decoding commits >1)")
+              f"saturation: {sat['output_tok_s_at_1_per_step']:.0f} output tok/s at 1 token/step "
+              f"(batch {sat['batch']}, runner step); multiply by tokens/step (threshold decoding commits >1)")
         print(f"fixed-shape decode path ({'CUDA graphs' if graphs.capture else 'eager, no capture'}): "
               f"{len(graphs.shapes)} shapes, logits {'match' if graph_ok else 'DIFFER FROM'} the eager path"
               + (f"; {reserved:.2f} GiB reserved by torch after the captures" if reserved is not None else ""))
@@ -241,19 +229,19 @@ def main() -> int:
             tf = P.forward_flops(args, n, sh.block, n * n) / model_ms / 1e9
             rows.append({"length": n, "model_ms": model_ms, "step_ms": step, "tok_s": n / (model_ms / 1e3),
                          "model_tflops": tf, "fraction_of_gemm_peak": tf / peak if peak else None})
-        print(md_table(["length", "model (ms)", "runner step (ms)", "prefill tok/s", "model TFLOP/s", "of GEMM peak"],
-                       [[r["length"], r["model_ms"], r["step_ms"], r["tok_s"], r["model_tflops"],
-                         "n/a" if r["fraction_of_gemm_peak"] is None else f"{100 * r['fraction_of_gemm_peak']:.1f} %"]
-                        for r in rows]))
+        print_table(["length", "model (ms)", "runner step (ms)", "prefill tok/s", "model TFLOP/s", "of GEMM peak"],
+                    [[r["length"], r["model_ms"], r["step_ms"], r["tok_s"], r["model_tflops"],
+                      "n/a" if r["fraction_of_gemm_peak"] is None else f"{100 * r['fraction_of_gemm_peak']:.1f} %"]
+                     for r in rows])
         return {"batch": 1, "rows": rows}
 
     def checkpoint() -> Path:
         """The serving model, written once for the serving and capacity phases."""
         if "ckpt" not in st:
             st["folder"] = Path(tempfile.mkdtemp(prefix="dllm-gpu-bench-"))
-            t = time.perf_counter()
-            st["ckpt"] = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, st["folder"])
-            st["checkpoint_write_s"] = time.perf_counter() - t
+            with Timer() as t:
+                st["ckpt"] = P.write_checkpoint(cfg, a.serve_layers, device, dtype, a.seed, st["folder"])
+            st["checkpoint_write_s"] = t.s
         return st["ckpt"]
 
     def serving():
@@ -261,8 +249,9 @@ def main() -> int:
         # server starts of ~30 s, two searches of >= 33 s at 0.3 s per request, two stops).
         left = (lambda: b.left() - 180.0) if gpu and b.wanted("capacity") else b.left
         r = P.serving_comparison(checkpoint(), margs, sh, device, str(dtype).removeprefix("torch."), left, a.seed)
-        r.update({"checkpoint_write_s": st["checkpoint_write_s"], "model": f"{a.serve_layers} layers of the benchmarked width "
-                  f"(d={cfg['d_model']}, vocab {cfg['vocab_size']}), not {cfg['n_layers']}",
+        r.update({"checkpoint_write_s": st["checkpoint_write_s"],
+                  "model": f"{a.serve_layers} layers of the benchmarked width (d={cfg['d_model']}, vocab "
+                           f"{cfg['vocab_size']}), not {cfg['n_layers']}",
                   "method": "closed batch: every request submitted at t=0, in-process (capacity at matched "
                             "latency is the next phase)"})
         print(f"serving model: {r['model']}; {r['method']}")
@@ -271,11 +260,11 @@ def main() -> int:
             return r
         print(f"requests: {r['requests']} x (prompt {sh.serve_prompt}, max_tokens {sh.serve_max_tokens}, steps "
               f"{sh.serve_steps}, ignore_eos, greedy)\n")
-        print(md_table(["configuration", "output tok/s", "req/s", "mean latency (s)", "p50 (s)", "p99 (s)",
-                        "iterations", "max decodes / iteration", "time in forward", "errors"],
-                       [[k, v["output_tok_s"], v["req_s"], v["mean_latency_s"], v["p50_latency_s"], v["p99_latency_s"],
-                         v["iterations"], v["max_decodes_per_iteration"], f"{100 * v['forward_share']:.0f} %",
-                         v["errors"]] for k, v in r["runs"].items()]))
+        print_table(["configuration", "output tok/s", "req/s", "mean latency (s)", "p50 (s)", "p99 (s)",
+                     "iterations", "max decodes / iteration", "time in forward", "errors"],
+                    [[k, v["output_tok_s"], v["req_s"], v["mean_latency_s"], v["p50_latency_s"], v["p99_latency_s"],
+                      v["iterations"], v["max_decodes_per_iteration"], f"{100 * v['forward_share']:.0f} %",
+                      v["errors"]] for k, v in r["runs"].items()])
         print(f"\nthroughput ratio default / batch-1: {r['throughput_ratio']:.2f}x; mean latency ratio "
               f"{r['mean_latency_ratio']:.2f}x")
         return r
@@ -302,13 +291,14 @@ def main() -> int:
             b.res["errors"][f"capacity: {name}"] = f["error"][:1000]
             print(f"capacity: {name} FAILED: {f['error'][:500]}\n  server log: {f.get('server_log_notes', [])[-5:]}")
         if "slo_e2e_ms" in r:
-            print(f"SLO: e2e latency <= {r['slo_e2e_ms']:.0f} ms (unloaded latency {r['baseline_unloaded_latency_s']:.3f} s "
+            print(f"SLO: e2e latency <= {r['slo_e2e_ms']:.0f} ms (unloaded latency "
+                  f"{r['baseline_unloaded_latency_s']:.3f} s "
                   f"on the {r['slo_from']})\n")
         if r["runs"]:
-            print(md_table(["configuration", "capacity (req/s)", "first failing rate", "probes", "requests / probe",
-                            "unloaded latency (s)", "server start (s)", "cut short"],
-                           [[k, v["capacity_req_s"], v["upper_req_s"], v["probes"], v["prompts_per_probe"],
-                             v["unloaded_latency_s"], v["server_start_s"], v["partial"]] for k, v in r["runs"].items()]))
+            print_table(["configuration", "capacity (req/s)", "first failing rate", "probes", "requests / probe",
+                         "unloaded latency (s)", "server start (s)", "cut short"],
+                        [[k, v["capacity_req_s"], v["upper_req_s"], v["probes"], v["prompts_per_probe"],
+                          v["unloaded_latency_s"], v["server_start_s"], v["partial"]] for k, v in r["runs"].items()])
         ratio = r["capacity_ratio"]
         print(f"\ncapacity ratio default / batch-1 at matched latency: {'n/a' if ratio is None else f'{ratio:.2f}x'}")
         if "tp_capacity_ratio" in r:
@@ -317,7 +307,7 @@ def main() -> int:
 
     def flashinfer():
         limit = max(15.0, min(120.0, b.left() - st.get("reserve_s", 0.0)))
-        return FI.run_child(Path(__file__).resolve(), a.out, device, dtype, a.seed, a.smoke, a.layers, limit)
+        return FI.run_child("bench.gpu", a.out, device, dtype, a.seed, a.smoke, a.layers, limit)
 
     gpu = device.type == "cuda"
     try:

@@ -1,14 +1,5 @@
-"""Capacity at matched latency, for bench/gpu.py: the real server (HTTP front, worker process)
-under an open-loop Poisson arrival from the load generator, once with the default scheduler and
-once with the batch-1 baseline. Both face the same SLO: end-to-end latency within `slo_factor`
-x the unloaded latency of one request on the baseline. The capacity of each is the highest rate
-at which >= `target` of the requests meet it (loadgen's capacity search: double, then bisect),
-so their ratio compares throughput at matched latency (the Sangam paper's capacity metric).
-
-Each configuration keeps its own result, error or skip note: a failing second configuration
-does not throw away the first one's search. Every wait (server start, unloaded requests, the
-search, the stop) is bounded by the time left, and the search shrinks its probes to fit it.
-"""
+"""Capacity at matched latency, for bench/gpu.py: the real server under loadgen's open-loop Poisson
+arrivals, with the default scheduler and with the batch-1 baseline, both against one SLO."""
 from __future__ import annotations
 
 import json
@@ -24,9 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from dllm_server.server_process import ServerProcess, serve
-from gpu_harness import file_tail
-from gpu_parts import prompt_id_range
+from bench.gpu_harness import file_tail
+from bench.gpu_parts import prompt_id_range
+from bench.harness import Timer, start_server
+from dllm_server.server_process import ServerProcess
 
 BASELINE = ("batch-1 baseline", ["--max-active-decodes", "1", "--token-budget", "none"])
 DEFAULT = ("default scheduler", [])
@@ -80,8 +72,8 @@ def bounds(history: list[dict]) -> dict:
 
 def _start(ckpt: Path, flags: list[str], device: str, dtype: str, block: int, log: Path,
            timeout_s: float) -> ServerProcess:
-    return serve(ckpt, "--device", device, "--dtype", dtype, "--skip-tokenizer-init", "--block-length", str(block),
-                 "--served-model-name", "bench", *flags, log_path=log, timeout_s=timeout_s)
+    return start_server(ckpt, "--device", device, "--dtype", dtype, "--skip-tokenizer-init", "--block-length",
+                        str(block), "--served-model-name", "bench", *flags, log_path=log, timeout_s=timeout_s)
 
 
 def _stop(server: ServerProcess, wait_s: float = STOP_S) -> None:
@@ -101,10 +93,10 @@ def unloaded_latency_s(url: str, body: dict, deadline: float, n: int = 3) -> flo
                 if len(times) >= 2:
                     break
                 raise TimeoutError("no time left for the unloaded latency")
-            t = time.perf_counter()
-            r = client.post(url + "/v1/completions", json=body, timeout=left)
-            r.raise_for_status()
-            times.append(time.perf_counter() - t)
+            with Timer() as t:
+                r = client.post(url + "/v1/completions", json=body, timeout=left)
+                r.raise_for_status()
+            times.append(t.s)
     return statistics.median(times[1:])
 
 
@@ -141,6 +133,12 @@ def _logs(rec: dict, log: Path) -> None:
 def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_left, seed: int, workdir: Path,
                         slo_factor: float = 4.0, target: float = 0.9, tolerance: float = 0.15,
                         configs=(BASELINE, DEFAULT)) -> dict:
+    """The SLO: end-to-end latency within `slo_factor` x the unloaded latency of one request on the
+    first configuration (the baseline). A configuration's capacity is the highest rate at which >=
+    `target` of the requests meet it (loadgen's capacity search: double, then bisect), so the ratio
+    compares throughput at matched latency (the Sangam paper's capacity metric). Each configuration
+    keeps its own result, error or skip note; every wait is bounded by `seconds_left()`, and the
+    search shrinks its probes to fit it."""
     ids = prompt_id_range(args)
     rng = random.Random(seed)
     body = {"model": "bench", "prompt": [rng.randrange(*ids) for _ in range(sh.serve_prompt)],
@@ -148,7 +146,8 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
     out: dict = {"method": f"open loop, Poisson arrivals; SLO: e2e latency <= {slo_factor:g} x the baseline's "
                            f"unloaded latency for >= {target:.0%} of requests; capacity = highest passing rate "
                            f"(bracket tolerance {tolerance:.0%})",
-                 "params": {k: body[k] for k in ("max_tokens", "steps", "ignore_eos")} | {"prompt_len": sh.serve_prompt},
+                 "params": {k: body[k] for k in ("max_tokens", "steps", "ignore_eos")}
+                 | {"prompt_len": sh.serve_prompt},
                  "runs": {}, "failed": {}, "skipped": {}}
     slo_ms = None
     for i, (name, flags) in enumerate(configs):
@@ -161,10 +160,10 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
         log = workdir / f"server-{i}.log"
         proc = None
         try:
-            t = time.perf_counter()
-            proc = _start(ckpt, flags, device, dtype, sh.block, log, min(180.0, share - STOP_S))
+            with Timer() as t:
+                proc = _start(ckpt, flags, device, dtype, sh.block, log, min(180.0, share - STOP_S))
             url = proc.url
-            rec["server_start_s"] = time.perf_counter() - t
+            rec["server_start_s"] = t.s
             rec["unloaded_latency_s"] = one = unloaded_latency_s(url, body, deadline - STOP_S)
             if slo_ms is None:                 # the baseline's, unless it failed before measuring
                 slo_ms = slo_factor * one * 1e3
@@ -176,8 +175,8 @@ def capacity_comparison(ckpt: Path, args, sh, device: str, dtype: str, seconds_l
                                         f"probe need ~{search_estimate_s(one, MIN_PROMPTS, tolerance):.0f} s")
                 continue
             rec.update({"prompts_per_probe": prompts, "search_estimate_s": search_estimate_s(one, prompts, tolerance)})
-            found = _search(url, sh, ids, seed, slo_ms, one, prompts, target, tolerance, workdir / name.replace(" ", "-"),
-                            max(1.0, search_s))
+            found = _search(url, sh, ids, seed, slo_ms, one, prompts, target, tolerance,
+                            workdir / name.replace(" ", "-"), max(1.0, search_s))
             rec.update({"capacity_req_s": found.pop("capacity"), "upper_req_s": found.pop("upper"),
                         "probes": len(found["history"]), **found})
             out["runs"][name] = rec

@@ -1,8 +1,7 @@
 """What a bench/gpu.py run will import, recorded before it starts (scripts/gpu_run.sh writes it to
-$OUT/gpu_info.txt): every imported distribution's version and where it came from (the carried
-wheels or the image), the checks that are known to matter, and the free space the run needs.
+$OUT/gpu_info.txt): each imported distribution's version and origin, known incompatibilities, free space.
 
-    python bench/gpu_env.py        # exit 1 when the serving stack cannot be imported
+    PYTHONPATH=src python -m bench.gpu_env        # exit 1 when the serving stack cannot be imported
 """
 from __future__ import annotations
 
@@ -14,7 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import parser
+
 # What the run imports: the bench itself, the offline engine, the server and the load generator.
 MODULES = ("torch", "numpy", "safetensors", "tokenizers", "transformers", "jinja2", "httpx", "anyio", "pydantic",
            "starlette", "uvicorn", "prometheus_client", "dllm_server.cli", "dllm_server.llm", "dllm_server.api.app",
@@ -72,7 +72,7 @@ def free_gib(path: str) -> float | None:
 
 
 def main() -> int:
-    sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "bench")]
+    parser(__doc__).parse_args()
     failed = {}
     for m in MODULES:
         try:

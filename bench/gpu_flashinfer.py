@@ -1,15 +1,5 @@
-"""The FlashInfer phase of bench/gpu.py, run in a child process with a deadline (the first use
-may JIT-compile kernels for minutes, and a CUDA fault must not poison the parent):
-
-1. the raw wrapper: FlashInfer's non-causal batch prefill over our pool's pages (NHD view)
-   against sdpa_attention on random q/k/v, including a sequence on gathered pages; then one
-   layer's attention at the decode shape timed three ways (SDPA loop, padded SDPA as the CUDA
-   graph path runs it, FlashInfer);
-2. our backend end to end: ModelRunner with attention_backend="flashinfer" against "sdpa" on a
-   two-layer model of the benchmarked width, a packed forward of two prefills (one on gathered
-   pages) and two dual-cache block steps, then a decode-only batch of dual steps; and the step
-   time of both at the largest decode batch.
-"""
+"""The FlashInfer phase of bench/gpu.py, in a child process with a deadline (the first use may JIT-compile
+kernels for minutes, and a CUDA fault must not poison the parent): the raw kernel, then our backend."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,11 +12,13 @@ from pathlib import Path
 
 import torch
 
-from gpu_parts import Shapes, build_model, canvas, compare, median, time_ms
+from bench.gpu_parts import Shapes, build_model, canvas, compare, median, time_ms
 from dllm_server.model.attention import AttentionBatch, PaddedBatch, SeqSpan, padded_attention, sdpa_attention
 from dllm_server.worker.cuda_graph import padded_metadata
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
+
+ROOT = Path(__file__).resolve().parents[1]      # the child runs `python -m bench.gpu` from here
 
 
 def unavailable(device) -> str | None:
@@ -38,18 +30,20 @@ def unavailable(device) -> str | None:
     return None
 
 
-def run_child(script: Path, out: Path, device, dtype, seed: int, smoke: bool, layers: int | None,
+def run_child(module: str, out: Path, device, dtype, seed: int, smoke: bool, layers: int | None,
               limit_s: float) -> dict:
+    """`python -m <module> --flashinfer-only` (bench.gpu) from the repository root, its JSON read back."""
     reason = unavailable(device)
     if reason:
         print(f"FlashInfer check skipped: {reason}")
         return {"skipped": reason}
-    tmp = out.with_name(out.name + ".flashinfer.json")
+    tmp = out.resolve().with_name(out.name + ".flashinfer.json")
     tmp.unlink(missing_ok=True)
-    cmd = [sys.executable, str(script), "--flashinfer-only", "--out", str(tmp), "--device", str(device),
+    cmd = [sys.executable, "-m", module, "--flashinfer-only", "--out", str(tmp), "--device", str(device),
            "--seed", str(seed), "--dtype", str(dtype).removeprefix("torch.")]
     cmd += (["--smoke"] if smoke else []) + (["--layers", str(layers)] if layers else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            cwd=ROOT)
     try:
         log = proc.communicate(timeout=limit_s)[0]
     except subprocess.TimeoutExpired:
@@ -80,7 +74,13 @@ def run_child(script: Path, out: Path, device, dtype, seed: int, smoke: bool, la
 
 
 def flashinfer_check(cfg: dict, args, device, dtype, sh: Shapes, page_size: int, batch: int, seed: int) -> dict:
-    """Both checks; `ok` only when both pass."""
+    """Both checks; `ok` only when both pass. 1. The raw wrapper: FlashInfer's non-causal batch
+    prefill over our pool's pages (NHD view) against sdpa_attention on random q/k/v, a sequence on
+    gathered pages included; then one layer's attention at the decode shape timed three ways (SDPA
+    loop, padded SDPA as the CUDA-graph path runs it, FlashInfer). 2. Our backend end to end:
+    ModelRunner with attention_backend="flashinfer" against "sdpa" on a two-layer model of the
+    benchmarked width (a packed forward of two prefills, one on gathered pages, and two dual-cache
+    block steps, then a decode-only batch), and the step time of both at the largest batch."""
     if device.type != "cuda":
         return {"skipped": f"no CUDA device (device={device.type})"}
     try:

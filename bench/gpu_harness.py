@@ -1,5 +1,5 @@
 """The frame of bench/gpu.py: phases under one time budget with the JSON rewritten after each,
-the environment record, logging (INFO, its tail kept in the JSON), markdown tables."""
+the environment record, logging (INFO, its tail kept in the JSON), the tables' number format."""
 from __future__ import annotations
 
 import collections
@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -18,20 +17,23 @@ from pathlib import Path
 
 import torch
 
-import gpu_parts as P
+from bench import gpu_parts as P
+from bench.gpu_env import free_gib
+from bench.harness import Table, Timer
 
 PHASES = ("model", "correctness", "gemm", "decode", "prefill", "flashinfer", "serving", "capacity")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def md_table(headers: list[str], rows: list[list]) -> str:
-    def cell(x):
-        if isinstance(x, float):
-            return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
-        return str(x)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows]
-    return "\n".join(lines)
+def gpu_cell(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def print_table(headers: list[str], rows: list[list]) -> None:
+    """A markdown table (harness.Table), floats to 3 significant digits below 10, one decimal above."""
+    table = Table(headers, cell=gpu_cell)
+    for r in rows:
+        table.row(*r)
 
 
 class TailHandler(logging.Handler):
@@ -67,13 +69,6 @@ def file_tail(path: Path, chars: int = 3000) -> str:
             return fh.read().decode("utf-8", "replace")
     except OSError as exc:
         return f"<unreadable: {exc}>"
-
-
-def free_gib(path: str) -> float | None:
-    try:
-        return shutil.disk_usage(path).free / 2**30
-    except OSError:
-        return None
 
 
 class Bench:
@@ -117,17 +112,17 @@ class Bench:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        t = time.perf_counter()
         value = None
-        try:
-            value = fn()
-            self.res[name] = value
-        except Exception as exc:
-            traceback.print_exc()
-            self.res["errors"][name] = f"{type(exc).__name__}: {exc}"[:1000]
-            self.res.setdefault("tracebacks", {})[name] = traceback.format_exc()[-4000:]
-            P.free_device_memory(self.device)
-        self.res["phase_s"][name] = round(time.perf_counter() - t, 2)
+        with Timer() as t:
+            try:
+                value = fn()
+                self.res[name] = value
+            except Exception as exc:
+                traceback.print_exc()
+                self.res["errors"][name] = f"{type(exc).__name__}: {exc}"[:1000]
+                self.res.setdefault("tracebacks", {})[name] = traceback.format_exc()[-4000:]
+                P.free_device_memory(self.device)
+        self.res["phase_s"][name] = round(t.s, 2)
         if cuda:
             self.res["memory_gib"][name] = {
                 "peak_allocated": torch.cuda.max_memory_allocated(self.device) / 2**30,

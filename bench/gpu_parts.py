@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.harness import Timer
 from dllm_server import LLM, SamplingParams
 from dllm_server.model import llada
 from dllm_server.checkpoint import plain_id_offset
@@ -258,7 +259,8 @@ def check_paged_vs_dense(model, args, device, dtype, sh: Shapes, tol: float, see
 # ---- GEMM rate ----
 def gemm_rates(args, device, dtype, tokens: tuple[int, ...], warmup: int, repeats: int) -> list[dict]:
     d, mlp, kv = args.hidden, args.mlp_hidden, args.num_kv_heads * args.head_dim
-    shapes = [("q/k/v/out proj", d, kv), ("MLP gate/up", d, mlp), ("MLP down", mlp, d), ("LM head", d, args.embedding_size)]
+    shapes = [("q/k/v/out proj", d, kv), ("MLP gate/up", d, mlp), ("MLP down", mlp, d),
+              ("LM head", d, args.embedding_size)]
     inner = 10 if device.type == "cuda" else 1
     rows = []
     for t in tokens:
@@ -275,6 +277,19 @@ def gemm_rates(args, device, dtype, tokens: tuple[int, ...], warmup: int, repeat
 
 
 # ---- serving (offline LLM, closed batch) ----
+class _Stamped:
+    """A request's event sink that notes when its final output arrives, then passes every event on."""
+    __slots__ = ("inner", "request_id", "finished_at")
+
+    def __init__(self, inner, request_id: str, finished_at: dict[str, float]):
+        self.inner, self.request_id, self.finished_at = inner, request_id, finished_at
+
+    def put_nowait(self, event) -> None:
+        if event.output is not None:
+            self.finished_at.setdefault(self.request_id, time.perf_counter())
+        self.inner.put_nowait(event)
+
+
 class TimedLLM(LLM):
     """The offline LLM plus each request's finish time and per-iteration timings."""
 
@@ -282,19 +297,18 @@ class TimedLLM(LLM):
         super().__init__(*a, **kw)
         self.finished_at: dict[str, float] = {}
         self.iterations: list[tuple[float, float, int]] = []
-        step = self.core.step
+        step, add = self.core.step, self.scheduler.add
 
         def timed_step():
-            t = time.perf_counter()
-            out = step()
-            self.iterations.append((time.perf_counter() - t, self.core.last.forward_s, self.core.last.num_decodes))
+            with Timer() as t:
+                out = step()
+            self.iterations.append((t.s, self.core.last.forward_s, self.core.last.num_decodes))
             return out
-        self.core.step = timed_step
 
-    def _handle(self, msg, states, done) -> None:
-        super()._handle(msg, states, done)
-        if msg.request_id in done and msg.request_id not in self.finished_at:
-            self.finished_at[msg.request_id] = time.perf_counter()
+        def stamped_add(entry):
+            entry.events = _Stamped(entry.events, entry.state.request_id, self.finished_at)
+            return add(entry)
+        self.core.step, self.scheduler.add = timed_step, stamped_add
 
 
 def write_checkpoint(cfg: dict, layers: int, device, dtype: torch.dtype, seed: int, folder: Path) -> Path:
@@ -341,7 +355,8 @@ def serving_comparison(ckpt: Path, args, sh: Shapes, device, dtype_name: str, se
                for _ in range(sh.serve_requests)]
     params = SamplingParams(max_tokens=sh.serve_max_tokens, steps=sh.serve_steps, ignore_eos=True)
     common = dict(device=str(device), dtype=dtype_name, skip_tokenizer_init=True, cache="dual", block_length=sh.block)
-    configs = [("batch-1 baseline (max_active_decodes=1, token_budget=None)", dict(max_active_decodes=1, token_budget=None)),
+    configs = [("batch-1 baseline (max_active_decodes=1, token_budget=None)",
+                dict(max_active_decodes=1, token_budget=None)),
                ("default scheduler (token_budget=1024, max_active_decodes=64)", {})]
     out: dict = {"runs": {}, "params": {"prompt_len": sh.serve_prompt, "max_tokens": sh.serve_max_tokens,
                                         "steps": sh.serve_steps, "block_length": sh.block, "ignore_eos": True,

@@ -1,29 +1,19 @@
-"""KV handoff benchmark: the same disaggregated workload with the KV streamed layer by layer
-during the prefill forward (`kv_transfer=layerwise`) and sent after the prefill step
-(`after_prefill`), on the real multi-process engine (one prefill worker, one decode worker, gloo
-on the CPU). Reports the handoff stall (the prefill step's end to the block's first decode step
-on the decode worker, mean per handoff), KV bytes moved, throughput and latency. The runs
-alternate (A, B, A, B, ...) so drift on a shared machine hits both alike.
+"""KV handoff: one disaggregated workload (1 prefill + 1 decode worker) with the KV streamed layer by layer
+(kv_transfer=layerwise) and sent after the prefill step, alternating rounds: stall, bytes, latency.
 
-    python bench/handoff.py [--model DIR] [--requests 32] [--rate 3] [--rounds 2]
+    python -m bench.handoff [--model DIR] [--requests 32] [--rate 3] [--rounds 2] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 
+from bench.harness import Report, engine_workload, parser, replay
+from dllm_server.checkpoint import embedded_model_path
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.checkpoint import embedded_model_path
-
-from common import plain_id_offset, poisson_workload, replay
 
 MODES = ("after_prefill", "layerwise")
-
-
-def workload(n: int, rate: float, seed: int, offset: int = 0):
-    return poisson_workload(n, rate, seed, prompt_lens=(96, 224, 480), answer_lens=(64, 96), offset=offset)
 
 
 async def run(config: ServerConfig, reqs) -> dict:
@@ -32,6 +22,7 @@ async def run(config: ServerConfig, reqs) -> dict:
     latencies, outs, wall = await replay(engine, reqs)
     c = engine.stats().counters
     await engine.shutdown(0)
+    # a handoff's stall: the prefill step's end to the block's first decode step on the decode worker
     return {"handoffs": c.kv_handoffs, "stall_ms": 1e3 * c.kv_handoff_stall_seconds / max(1, c.kv_handoffs),
             "mb": c.kv_transfer_bytes / 2**20, "failed": c.kv_transfers_failed,
             "tok_s": sum(len(o.token_ids) for o in outs) / wall,
@@ -42,7 +33,7 @@ async def run(config: ServerConfig, reqs) -> dict:
 async def main_async(a) -> None:
     base = ServerConfig(model=a.model, placement="disaggregated", num_workers=1, num_prefill_workers=1,
                         threads_per_worker=1)
-    reqs = workload(a.requests, a.rate, a.seed, plain_id_offset(a.model))
+    reqs = engine_workload("handoff", a.requests, a.rate, a.seed, a.model)
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(a.rounds):
         for mode in MODES:
@@ -51,22 +42,22 @@ async def main_async(a) -> None:
             print(f"round {r + 1} {mode}: {res}", flush=True)
     print(f"\n{a.requests} requests, Poisson {a.rate}/s, prompts 96/224/480, answers 64/96, block 32; "
           f"median over {a.rounds} rounds\n")
-    print("| kv_transfer | handoffs | stall per handoff (ms) | KV moved (MiB) | failed | output tok/s "
-          "| mean latency (s) | p50 (s) | p99 (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    report = Report(a.json)
+    table = report.table(["kv_transfer", ("handoffs", ".0f"), ("stall per handoff (ms)", ".1f"),
+                          ("KV moved (MiB)", ".1f"), ("failed", ".0f"), ("output tok/s", ".1f"),
+                          ("mean latency (s)", ".2f"), ("p50 (s)", ".2f"), ("p99 (s)", ".2f")])
     for mode in MODES:
         med = {k: statistics.median(x[k] for x in results[mode]) for k in results[mode][0]}
-        print(f"| {mode} | {med['handoffs']:.0f} | {med['stall_ms']:.1f} | {med['mb']:.1f} | {med['failed']:.0f} "
-              f"| {med['tok_s']:.1f} | {med['mean']:.2f} | {med['p50']:.2f} | {med['p99']:.2f} |")
+        table.row(mode, *(med[k] for k in ("handoffs", "stall_ms", "mb", "failed", "tok_s", "mean", "p50", "p99")))
+    report.save()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(embedded_model_path()))
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)", seed=0, json_out=True)
+    ap.set_defaults(model=str(embedded_model_path()))
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rate", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     asyncio.run(main_async(ap.parse_args()))
 
 

@@ -1,15 +1,16 @@
-"""Plots of a bench/paper.py run from its printed output (docs/results/paper_bcd.txt):
-mean and p99 latency against the token budget per mix, and per placement.
+"""Plots of a bench/paper.py run from its printed output: mean and p99 latency against the token budget
+per mix, and per placement (docs/img/paper_tau_sweep.png, docs/img/paper_placements.png).
 
-    python bench/paper.py ... --only B,C,D > docs/results/paper_bcd.txt
-    python bench/plot_paper.py docs/results/paper_bcd.txt
+    python -m bench.paper ... --only B,C,D > docs/results/paper_bcd.txt
+    python -m bench.plot_paper [docs/results/paper_bcd.txt]
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import matplotlib
+
+from bench.harness import parser
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -59,4 +60,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs/results/paper_bcd.txt")
+    ap = parser(__doc__)
+    ap.add_argument("output", nargs="?", default="docs/results/paper_bcd.txt", help="a bench.paper run's output")
+    main(ap.parse_args().output)

@@ -1,18 +1,5 @@
-"""Quality measures our models can give on this machine, for reporting next to speed figures:
-
-- `agreement(answer, reference)`: the share of the reference's positions where the answer has the
-  same token, the reference being the same request decoded at threshold 0.99, greedy (what a
-  request would get with almost no parallel commits). 1.0 = the speed-up changed nothing.
-- `pseudo_log_likelihood(llm, prompt, answer)`: the model's own mean log-probability of each answer
-  token given everything else (one full bidirectional forward per answer position, that position
-  masked; all positions of one answer in one batched forward). Higher is better; a lower threshold
-  that commits worse tokens scores lower.
-- `task_scores(pairs)`: accuracy of (task item, answer) pairs, each request scored against its own
-  reference (a failed request, answer None, counts as wrong and is counted apart), overall and per
-  task. A demo-task item (one with a "task" key: `load_task("demo")`, the shipped evaluation set)
-  is scored by exact match (dllm_server.demo_tasks.is_correct); a GSM8K-style item ({"question",
-  "answer"}) by its last number (what a GPU run with a real checkpoint uses).
-"""
+"""Quality measures reported next to speed figures (bench.decoding, bench.slo, bench.threshold_quality):
+token agreement with a threshold-0.99 reference, the model's pseudo log-likelihood, task accuracy."""
 from __future__ import annotations
 
 import json
@@ -29,6 +16,9 @@ DEMO = "demo"            # `--task demo`: the shipped evaluation set (assets/eva
 
 
 def agreement(answer: list[int], reference: list[int]) -> float:
+    """The share of the reference's positions where the answer has the same token; the reference is
+    the same request decoded at threshold 0.99, greedy (almost no parallel commits): 1.0 = the
+    speed-up changed nothing."""
     if not reference:
         return 1.0 if not answer else 0.0
     same = sum(1 for i, t in enumerate(reference) if i < len(answer) and answer[i] == t)
@@ -37,7 +27,9 @@ def agreement(answer: list[int], reference: list[int]) -> float:
 
 @torch.inference_mode()
 def pseudo_log_likelihood(llm, prompt: list[int], answer: list[int], max_positions: int = 128) -> float:
-    """Mean over the answer's first `max_positions` positions of log p(token | the rest)."""
+    """Mean over the answer's first `max_positions` positions of log p(token | the rest): one full
+    bidirectional forward per position, that position masked, all in one batched forward. Higher is
+    better; a lower threshold that commits worse tokens scores lower."""
     answer = answer[:max_positions]
     if not answer:
         return 0.0
@@ -90,7 +82,9 @@ def score(answer: str, item: dict) -> bool:
 
 def task_scores(pairs: Iterable[tuple[dict, str | None]]) -> dict:
     """[(item, answer text or None where the request failed)] -> accuracy over every request
-    (failures wrong), the failure count, and the same per task (the item's "task", else "all")."""
+    (failures wrong, and counted apart), and the same per task (the item's "task", else "all"). A
+    demo-task item (load_task("demo"), the shipped evaluation set) is scored by exact match, a
+    GSM8K-style one ({"question", "answer"}) by its last number."""
     counts: dict[str, list[int]] = {}          # task -> [correct, failed, requests]
     for item, answer in pairs:
         c = counts.setdefault(item.get("task", "all"), [0, 0, 0])

@@ -1,26 +1,21 @@
-"""Scheduler benchmark: one workload through (a) the batch-1 FCFS baseline configuration,
-(b) the deficit scheduler at tau=1024 and (c) tau=infinity (prefill priority), all on the real
-multi-process engine. Prints throughput and p50/p99 latency per configuration, plots the
-per-iteration token counts, reports the share of each loaded iteration spent outside the model
-forward, and the worker's resident memory idle and under load.
+"""Scheduler: one Poisson workload through the batch-1 FCFS baseline, the deficit scheduler at tau=1024 and
+tau=infinity (real engine): latency, iteration token counts (plotted), time outside the forward, worker RSS.
 
-    python bench/scheduler.py [--model DIR] [--requests 48] [--rate 4] [--plot docs/img/budget_trace.png]
+    python -m bench.scheduler [--model DIR] [--requests 48] [--rate 4] [--plot docs/img/budget_trace.png]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
 
+from bench.harness import Report, engine_workload, parser, plain_ids, replay
 from dllm_server import SamplingParams
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 from dllm_server.model.tiny import make_tiny_model
-
-from common import iteration_trace, model_info, plain_id_offset, poisson_workload, replay, worker_pages, worker_pid
 
 
 def rss_mb(pid: int) -> float:
@@ -30,14 +25,21 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def workload(n: int, rate: float, seed: int, offset: int = 0):
-    return poisson_workload(n, rate, seed, prompt_lens=(32, 96, 224), answer_lens=(32, 64, 96), offset=offset)
+def trace(engine) -> list:
+    """Every worker iteration's LoadReport, in arrival order."""
+    return [r for _, r in engine.iteration_trace()]
+
+
+def worker_pages(engine, wid: int = 0) -> tuple[int, int | None]:
+    """(pool pages, free pages as last reported or None before any report)."""
+    w = engine.stats().workers[wid]
+    return w.num_pages, w.free_pages if w.num_iterations else None
 
 
 async def run_config(name: str, config: ServerConfig, reqs) -> dict:
     engine = AsyncEngine(config)
     await engine.start()
-    pid = worker_pid(engine)
+    pid = engine.stats().workers[0].pid
     idle_rss = rss_mb(pid)
     peak_rss = idle_rss
 
@@ -51,14 +53,14 @@ async def run_config(name: str, config: ServerConfig, reqs) -> dict:
     latencies, outs, wall = await replay(engine, reqs)
     tokens = [len(o.token_ids) for o in outs]
     sampler.cancel()
-    trace = iteration_trace(engine)
+    reports = trace(engine)
     await engine.shutdown(0)
-    loaded = [r for r in trace if r.num_active_decodes >= 16 and r.forward_s > 0]
+    loaded = [r for r in reports if r.num_active_decodes >= 16 and r.forward_s > 0]
     overhead = [1 - r.forward_s / r.iteration_s for r in loaded if r.iteration_s > 0]
     q = statistics.quantiles(latencies, n=100)
     return {"name": name, "wall_s": wall, "req_s": len(reqs) / wall, "tok_s": sum(tokens) / wall,
             "p50": statistics.median(latencies), "p99": q[98], "mean": statistics.mean(latencies),
-            "trace": [r.iteration_tokens for r in trace], "deficit": [r.deficit_tokens for r in trace],
+            "trace": [r.iteration_tokens for r in reports], "deficit": [r.deficit_tokens for r in reports],
             "overhead": statistics.median(overhead) if overhead else None, "n_loaded": len(loaded),
             "idle_rss": idle_rss, "peak_rss": peak_rss}
 
@@ -70,12 +72,12 @@ async def profile_loaded(config: ServerConfig, num_decodes: int = 16) -> dict:
     await engine.start()
     params = SamplingParams(max_tokens=128, steps=128, ignore_eos=True)
     await asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1] * 96}, params) for i in range(num_decodes)])
-    trace = [r for r in iteration_trace(engine) if r.num_active_decodes >= num_decodes and r.forward_s > 0]
+    loaded = [r for r in trace(engine) if r.num_active_decodes >= num_decodes and r.forward_s > 0]
     await engine.shutdown(0)
-    fractions = [1 - r.forward_s / r.iteration_s for r in trace]
-    return {"iterations": len(trace), "median": statistics.median(fractions),
+    fractions = [1 - r.forward_s / r.iteration_s for r in loaded]
+    return {"iterations": len(loaded), "median": statistics.median(fractions),
             "p90": statistics.quantiles(fractions, n=10)[-1],
-            "iteration_ms": 1000 * statistics.median(r.iteration_s for r in trace)}
+            "iteration_ms": 1000 * statistics.median(r.iteration_s for r in loaded)}
 
 
 async def measure_full_pool(config: ServerConfig) -> dict:
@@ -84,9 +86,9 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     config = config.replace(kv_cache_tokens=65536, max_active_decodes=64, token_budget=None)
     engine = AsyncEngine(config)
     await engine.start()
-    pid = worker_pid(engine)
+    pid = engine.stats().workers[0].pid
     idle = rss_mb(pid)
-    offset = plain_id_offset(config.model)
+    offset = plain_ids(config.model)
     peak, min_free = idle, None
 
     async def sample():
@@ -103,7 +105,7 @@ async def measure_full_pool(config: ServerConfig) -> dict:
     await asyncio.gather(*[engine.run({"prompt_token_ids": [(i + j) % 250 + 1 + offset for j in range(992)]}, params)
                            for i in range(64)])
     sampler.cancel()
-    args = model_info(engine)
+    args = engine.model_info
     pool_mb = args.num_layers * 2 * 65536 * args.num_kv_heads * args.head_dim * 4 / 2**20
     num_pages, _ = worker_pages(engine)
     await engine.shutdown(0)
@@ -111,12 +113,10 @@ async def measure_full_pool(config: ServerConfig) -> dict:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model")
+    ap = parser(__doc__, model="checkpoint (default: a seeded random 4-layer d=256 LLaDA)", threads=1, seed=0,
+                json_out=True)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot", default="docs/img/budget_trace.png")
     args = ap.parse_args()
     path = args.model or str(make_tiny_model(tempfile.mkdtemp(), arch="llada", hidden=256, layers=4, heads=4,
@@ -127,23 +127,24 @@ async def main() -> None:
         ("deficit tau=1024", base.replace(token_budget=1024)),
         ("tau=infinity (prefill priority)", base.replace(token_budget=None)),
     ]
-    reqs = workload(args.requests, args.rate, args.seed, plain_id_offset(path))
+    reqs = engine_workload("scheduler", args.requests, args.rate, args.seed, path)
     print(f"workload: {args.requests} requests, Poisson {args.rate}/s, prompts 32/96/224, answers 32/64/96, "
           f"block 32, threshold 0.9, 1 colocated worker, {args.threads} thread(s)")
     print("base config:", {k: v for k, v in dataclasses.asdict(base).items() if v is not None})
     results = [await run_config(name, cfg, reqs) for name, cfg in configs]
     print()
-    print("| configuration | req/s | output tok/s | mean latency (s) | p50 (s) | p99 (s) |")
-    print("|---|---|---|---|---|---|")
+    report = Report(args.json)
+    table = report.table(["configuration", ("req/s", ".2f"), ("output tok/s", ".1f"), ("mean latency (s)", ".2f"),
+                          ("p50 (s)", ".2f"), ("p99 (s)", ".2f")])
     for r in results:
-        print(f"| {r['name']} | {r['req_s']:.2f} | {r['tok_s']:.1f} | {r['mean']:.2f} | {r['p50']:.2f} | {r['p99']:.2f} |")
+        table.row(r["name"], r["req_s"], r["tok_s"], r["mean"], r["p50"], r["p99"])
     print()
-    print("| configuration | iterations | max tokens / iteration | iterations at >= 16 decodes | time outside forward (median) | worker RSS idle / peak (MB) |")
-    print("|---|---|---|---|---|---|")
+    table = report.table(["configuration", "iterations", "max tokens / iteration", "iterations at >= 16 decodes",
+                          "time outside forward (median)", "worker RSS idle / peak (MB)"])
     for r in results:
         ov = "n/a" if r["overhead"] is None else f"{100 * r['overhead']:.1f} %"
-        print(f"| {r['name']} | {len(r['trace'])} | {max(r['trace'])} | {r['n_loaded']} | {ov} | "
-              f"{r['idle_rss']:.0f} / {r['peak_rss']:.0f} |")
+        table.row(r["name"], len(r["trace"]), max(r["trace"]), r["n_loaded"], ov,
+                  f"{r['idle_rss']:.0f} / {r['peak_rss']:.0f}")
     prof = await profile_loaded(configs[1][1])
     print(f"\nloaded iteration profile (16 active decodes, tau=1024, {prof['iterations']} iterations): "
           f"median iteration {prof['iteration_ms']:.1f} ms, time outside the model forward "
@@ -151,6 +152,8 @@ async def main() -> None:
     mem = await measure_full_pool(base)
     print(f"worker RSS: idle {mem['idle']:.0f} MB, with the KV pool full ({mem['pages'] - mem['min_free']} of "
           f"{mem['pages']} pages in use, pool {mem['pool_mb']:.0f} MB fp32) {mem['peak']:.0f} MB")
+    report.add(loaded_profile=prof, worker_memory=mem)
+    report.save()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,34 +1,25 @@
-"""SIMULATED (GPU roofline, costmodel/gpu.py; our real scheduler and worker core): LLaDA-8B against
-SDAR-8B on one H100, the same requests and the same commits (a fixed 2 positions per forward,
-so only the forward structure differs): LLaDA with the dual cache and a full-canvas re-prefill at
-every block (block 32, its Fast-dLLM setting, and block 4), SDAR with exact KV, one prefill, a
-block-sized step and the fused finalise (block 4, its trained size).
+"""SIMULATED (GPU roofline; our real scheduler and worker core): LLaDA-8B against SDAR-8B on one H100, the
+same requests and commits (2 positions per forward): 1 saturation, 2 Poisson arrivals at a few rates.
 
-  1. saturation: N requests at t=0, completion rate and mean forwards per answer;
-  2. open loop: Poisson arrivals at a few rates, mean and p90 latency.
-
-    python bench/sim_block_causal.py [--requests 400] [--device h100]
-
-Assumptions (printed): the roofline's efficiencies (costmodel/gpu.py), SDAR-8B's shape (Qwen3-8B's,
-named in MODELS), ShareGPT-shaped lengths (loadgen preset), answers to their output length
-(EOS ignored), no prefix cache hits (distinct prompts).
+    python -m bench.sim_block_causal [--requests 400] [--device h100] [--rates 1 2 4] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.decoding.canvas import num_blocks  # noqa: E402
-from dllm_server.sim.behaviour import ParametricBehaviour  # noqa: E402
-from dllm_server.sim.cluster import Simulator  # noqa: E402
-from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
-from dllm_server.sim.workload import preset_workload  # noqa: E402
+from bench.harness import Report, parser
+from dllm_server.config import ServerConfig
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
+from dllm_server.decoding.canvas import num_blocks
+from dllm_server.sim.behaviour import ParametricBehaviour
+from dllm_server.sim.cluster import Simulator
+from dllm_server.sim.workload import preset_workload
 
+# LLaDA: the dual cache and a full-canvas re-prefill every block (32, its Fast-dLLM setting, and 4);
+# SDAR: exact KV, one prefill, block-sized steps, the fused finalise (block 4, its trained size).
+# Assumed (printed): the roofline's efficiencies, SDAR-8B's shape (MODELS), ShareGPT-shaped lengths,
+# answers to their output length, no prefix cache hits.
 SETUPS = (("llada-8b", 32), ("llada-8b", 4), ("sdar-8b", 4))
 
 
@@ -48,7 +39,7 @@ def _run(model: str, block: int, reqs, device: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, json_out=True)
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--device", default="h100", choices=("h100", "h200"))
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0])
@@ -56,24 +47,28 @@ def main() -> None:
     print(f"SIMULATED on one {a.device} (roofline; costmodel/gpu.py), ShareGPT-shaped lengths, fixed 2 positions "
           f"per forward, {a.requests} requests\n")
     burst = preset_workload("sharegpt", a.requests, 1e9, seed=1, max_len=4096)
-    print("1. saturation (all at t=0)\n| model | block | req/s | answer tok/s | forwards/answer | mean latency (s) |\n"
-          "|---|---|---|---|---|---|")
+    report = Report(a.json)
+    table = report.table(["model", "block", "req/s", ("answer tok/s", ",.0f"), ("forwards/answer", ".1f"),
+                          ("mean latency (s)", ".1f")], "1. saturation (all at t=0)")
     base = None
     for model, block in SETUPS:
         res = _run(model, block, burst, a.device)
         done = [r for r in res.requests if r.latency_s is not None]
         rate = len(done) / res.makespan_s
         base = base or rate
-        print(f"| {model} | {block} | {rate:.2f} ({rate / base:.2f}x) | {sum(r.tokens for r in done) / res.makespan_s:,.0f} | "
-              f"{statistics.mean(r.forwards for r in done):.1f} | {statistics.mean(r.latency_s for r in done):.1f} |")
-    print("\n2. open loop (Poisson)\n| model | block | rate (req/s) | mean latency (s) | p90 (s) |\n|---|---|---|---|---|")
+        table.row(model, block, f"{rate:.2f} ({rate / base:.2f}x)", sum(r.tokens for r in done) / res.makespan_s,
+                  statistics.mean(r.forwards for r in done), statistics.mean(r.latency_s for r in done))
+    table = report.table(["model", "block", ("rate (req/s)", "g"), ("mean latency (s)", ".2f"), ("p90 (s)", ".2f")],
+                         "\n2. open loop (Poisson)")
     for rate in a.rates:
         reqs = preset_workload("sharegpt", a.requests, rate, seed=2, max_len=4096)
         for model, block in SETUPS:
             lat = sorted(r.latency_s for r in _run(model, block, reqs, a.device).requests if r.latency_s is not None)
-            print(f"| {model} | {block} | {rate:g} | {statistics.mean(lat):.2f} | {lat[int(0.9 * (len(lat) - 1))]:.2f} |")
+            table.row(model, block, rate, statistics.mean(lat), lat[int(0.9 * (len(lat) - 1))])
     c = gpu_cost("sdar-8b", a.device, block_length=4).describe()
     print(f"\nassumptions: {MODELS['sdar-8b'].source}; efficiencies {c['efficiency']}")
+    report.add(assumptions={"sdar-8b": MODELS["sdar-8b"].source, "efficiency": c["efficiency"]})
+    report.save()
 
 
 if __name__ == "__main__":

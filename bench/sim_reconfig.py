@@ -1,21 +1,10 @@
-"""SIMULATED: static layouts against ILP reconfiguration on 16 H100-class devices, LLaDA-8B, under
-the BurstGPT-like trace of bench/sim_reconfig_static.py (same trace, SLOs, ladder and policy:
-`threshold_policy="slo"`, load control on, routing by predicted completion, in every run).
+"""SIMULATED: static layouts against ILP reconfiguration on 16 H100-class devices, LLaDA-8B, under the
+trace, SLOs and policy of bench/sim_reconfig_static.py; per load phase: SLO attainment, threshold, p99.
 
-The reconfiguring run starts as 8 x TP2 (the middle layout: no prior knowledge of the load) and
-runs the server's own planner on the virtual clock (sim/regroup.py: cluster/planner.py `decide`
-every --period-s, stage 2 by cluster/regroup.py `plan_layout`, the drain by its `Regroup`), only
-the forward and the transport simulated. Assumptions, printed with the figures: the roofline TP
-cost model (costmodel/gpu.py `describe()`), and the restart of a regrouped instance
-(--restart-s, default sim/regroup.py ASSUMED_RESTART_S: processes, an 8B model's weights, the
-start-up profile). Per load phase (of arrival): SLO attainment, mean block threshold, p99 latency,
-and the regroups that began in the phase.
-
-    .venv/bin/python bench/sim_reconfig.py [--slo-k 3] [--phase-s 120] [--period-s 30] [--json out.json]
+    python -m bench.sim_reconfig [--slo-k 3] [--phase-s 120] [--period-s 30] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,16 +14,19 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_reconfig_static import BLOCK, LADDER, base_config, build_sim, phase_metrics  # noqa: E402  (bench/)
-from loadgen.burst import burst_rows, scaled_phases, write_jsonl  # noqa: E402
-from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, positions_per_forward  # noqa: E402
-from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
-from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos  # noqa: E402
-from dllm_server.sim.regroup import ASSUMED_RESTART_S, Reconfigurer  # noqa: E402
-from dllm_server.sim.workload import trace_workload  # noqa: E402
+from bench.harness import Table, parser, write_json
+from bench.sim_reconfig_static import BLOCK, LADDER, base_config, build_sim, phase_metrics
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
+from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, positions_per_forward
+from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos
+from dllm_server.sim.regroup import ASSUMED_RESTART_S, reconfigurer
+from dllm_server.sim.workload import trace_workload
+from loadgen.burst import burst_rows, scaled_phases, write_jsonl
 
+# The reconfiguring run starts as 8 x TP2 (no prior knowledge of the load) and runs the server's own
+# planner and regroup driver on the virtual clock (sim/regroup.py), only the forward and transport
+# simulated. Assumed, printed with the figures: the roofline TP cost model and a regrouped
+# instance's restart (--restart-s, default sim/regroup.py ASSUMED_RESTART_S).
 MODEL = "llada-8b"
 REFERENCE_RATE = 8.50    # 16 x TP1's simulated capacity at fixed 0.9 (bench/sim_reconfig_static.py reference_capacity)
 
@@ -54,7 +46,7 @@ def burst_requests(devices_ref: float, scales, phase_s: float, shape: float, slo
 def run(requests, degrees, cost_for, config, seed: int, reconfigure: bool, restart_s: float):
     """One run: (SimResult, Reconfigurer or None, CPU seconds)."""
     sim, _ = build_sim(degrees, cost_for, config, MODEL, seed)
-    rc = Reconfigurer(sim, cost_for, restart_s, (MODELS[MODEL].heads, MODELS[MODEL].kv_heads)) if reconfigure else None
+    rc = reconfigurer(sim, cost_for, restart_s, (MODELS[MODEL].heads, MODELS[MODEL].kv_heads)) if reconfigure else None
     t0 = time.process_time()
     res = sim.run(requests)
     return res, rc, time.process_time() - t0
@@ -73,7 +65,7 @@ def regroups_per_phase(rc, phases) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, seed=0)
     ap.add_argument("--devices", type=int, default=16)
     ap.add_argument("--scales", default="0.3,0.9,1.4,0.5", help="each phase's rate / the reference rate")
     ap.add_argument("--phase-s", type=float, default=120.0, help="seconds per phase")
@@ -83,7 +75,6 @@ def main() -> None:
     ap.add_argument("--slo-k", type=float, default=3.0, help="SLO = k x the unloaded TP4 latency at 0.95")
     ap.add_argument("--reference-rate", type=float, default=REFERENCE_RATE, help="req/s the scales multiply")
     ap.add_argument("--start", type=int, default=2, help="the reconfiguring run's first layout: devices // d x TPd")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every figure and planner decision here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -124,15 +115,17 @@ def main() -> None:
         print(f"  {name}: {cpu:.0f} s CPU, {res.summary()['completed']}/{len(requests)} completed", file=sys.stderr)
     for k in [*range(len(phases)), None]:
         title = "overall" if k is None else f"phase {k + 1} ({scales[k]:g}x, {phases[k][1]:.2f} req/s)"
-        print(f"\n{title} (SIMULATED)\n\n| layout | SLO attainment | mean threshold | p99 (s) | regroups |\n|---|---|---|---|---|")
+        table = Table(["layout", "SLO attainment", ("mean threshold", ".3f"), ("p99 (s)", ".2f"), "regroups"],
+                      f"\n{title} (SIMULATED)\n")
         for r in out:
             p = r["metrics"]["overall"] if k is None else r["metrics"]["phases"][k]
             n = sum(r["regroups"]) if k is None else r["regroups"][k]
-            print(f"| {r['layout']} | {100 * p['attainment']:.1f} % | {p['mean_threshold']:.3f} | {p['p99_s']:.2f} | {n} |")
+            table.row(r["layout"], f"{100 * p['attainment']:.1f} %", p["mean_threshold"], p["p99_s"], n)
     rc = out[-1]
     print("\nreconfiguration: layouts (since s: degrees) " + ", ".join(
         f"{t:.0f}: {layout_name(d)}" for t, d in rc["reconfig"]["layouts"])
-        + "; longest drain per regroup " + ", ".join(f"{max(x['drain_s'].values(), default=0):.2f}" for x in rc["records"])
+        + "; longest drain per regroup "
+        + ", ".join(f"{max(x['drain_s'].values(), default=0):.2f}" for x in rc["records"])
         + " s; waves " + ", ".join(str(x.get("waves", 1)) for x in rc["records"])
         + "; most devices out at once " + ", ".join(str(x.get("peak_out_devices", 0)) for x in rc["records"])
         + f"; "
@@ -143,10 +136,8 @@ def main() -> None:
               f"{'REGROUP' if d.get('regroup') else 'keep'} ({d.get('why')})")
     print("\ncost model (costmodel/gpu.py describe(), TP4):\n" + json.dumps(cost_for(4).describe(), default=str))
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"simulated": True, "args": vars(a), "phases": phases, "runs": out,
-                                            "assumptions": {str(d): c.describe() for d, c in sorted(costs.items())}},
-                                           indent=1, default=str))
+        write_json(a.json, {"simulated": True, "args": vars(a), "phases": phases, "runs": out,
+                            "assumptions": {str(d): c.describe() for d, c in sorted(costs.items())}})
 
 
 if __name__ == "__main__":

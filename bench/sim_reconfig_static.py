@@ -1,24 +1,10 @@
-"""SIMULATED static layouts under a bursty trace: the baseline a reconfiguring cluster (the ILP of
-shared/reference/cluster_level.md 6.4) is compared with. 16 H100-class GPUs as 16 x TP1, 8 x TP2
-and 4 x TP4 colocated instances serve LLaDA-8B (roofline cost model, parametric behaviour) under a
-BurstGPT-like trace (loadgen/burst.py: 4 phases at 0.3x, 0.9x, 1.4x and 0.5x of the 16 x TP1
-capacity, Gamma gaps of shape 0.5, ShareGPT-like lengths), every run with `threshold_policy="slo"`
-(ladder 0.95/0.9/0.8/0.7, floor 0.7), load control on and routing by predicted completion; each
-request has its own SLO, k x its unloaded latency on one TP4 instance at threshold 0.95.
-Reports SLO attainment overall and per phase, the mean block threshold (overall and per phase),
-p99 latency and what load control did. Nothing here ran on a GPU.
+"""SIMULATED static layouts under a bursty trace, the baseline of reconfiguration: 16 H100-class GPUs as
+16 x TP1, 8 x TP2 and 4 x TP4 serving LLaDA-8B with the SLO policy; SLO attainment overall and per phase.
 
-The reference capacity is simulated (`reference_capacity`: 16 x TP1 at fixed 0.9, p90 within 4 x
-the unloaded mean, docs/simulation.md's capacity convention), or given with --reference-rate so
-that a later run replays the same trace. `run_layout` takes one
-layout (the instances from sim/instances.py `layout_instances`); a reconfiguring run builds each
-layout of its schedule the same way.
-
-    .venv/bin/python bench/sim_reconfig_static.py [--phase-s 60] [--slo-k 1.5] [--shape 0.5] [--json out.json]
+    python -m bench.sim_reconfig_static [--phase-s 60] [--slo-k 1.5] [--shape 0.5] [--fixed 0.7,0.9] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,18 +14,23 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from loadgen.burst import burst_rows, scaled_phases, write_jsonl  # noqa: E402
-from loadgen.capacity import find_capacity_sync  # noqa: E402
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.policy.load_control import LoadController  # noqa: E402
-from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, ParametricBehaviour, positions_per_forward  # noqa: E402
-from dllm_server.sim.cluster import Simulator  # noqa: E402
-from dllm_server.costmodel.gpu import MODELS, gpu_cost  # noqa: E402
-from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos  # noqa: E402
-from dllm_server.sim.regroup import layout_simulator  # noqa: E402
-from dllm_server.sim.workload import preset_workload, rescale, trace_workload  # noqa: E402
+from bench.harness import Table, parser, write_json
+from dllm_server.config import ServerConfig
+from dllm_server.costmodel.gpu import MODELS, gpu_cost
+from dllm_server.policy.load_control import LoadController
+from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, ParametricBehaviour, positions_per_forward
+from dllm_server.sim.cluster import Simulator
+from dllm_server.sim.instances import layout_degrees, layout_name, unloaded_latency_s, with_slos
+from dllm_server.sim.regroup import layout_simulator
+from dllm_server.sim.workload import preset_workload, rescale, trace_workload
+from loadgen.burst import burst_rows, scaled_phases, write_jsonl
+from loadgen.capacity import find_capacity_sync
 
+# The trace: loadgen/burst.py's BurstGPT-like phases (0.3x, 0.9x, 1.4x and 0.5x of the reference
+# rate, Gamma gaps of shape 0.5, ShareGPT-like lengths); every run threshold_policy="slo" (the
+# ladder, floor 0.7), load control on, routing by predicted completion; each request's SLO is k x
+# its unloaded latency on one TP4 instance at threshold 0.95. The reference rate is 16 x TP1's
+# simulated capacity at fixed 0.9 (reference_capacity), or --reference-rate to replay one trace.
 LADDER = "0.95,0.9,0.8,0.7"      # positions per forward are flat below 0.7 in the simulator (sim/behaviour.py)
 BLOCK = 32
 
@@ -124,7 +115,7 @@ def phase_metrics(result, phases: list[int], num_phases: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, seed=0)
     ap.add_argument("--devices", type=int, default=16)
     ap.add_argument("--layouts", default="1,2,4", help="degrees: one static layout of devices // d x TPd each")
     ap.add_argument("--device", default="h100", choices=("h100", "h200"))
@@ -137,7 +128,6 @@ def main() -> None:
     ap.add_argument("--predictor", default=None, help="step predictor artefact for the SLO policy (default: the "
                     "SimpleEstimator, the fallback a checkpoint without one gets)")
     ap.add_argument("--fixed", default="", help="also run each layout at these fixed thresholds (controls), e.g. 0.7")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -173,13 +163,19 @@ def main() -> None:
     print(f"SIMULATED (roofline cost model, parametric behaviour; no GPU ran): {model} on {a.devices} x {a.device}, "
           f"BurstGPT-like trace (synthetic, loadgen/burst.py): {len(phases)} phases x {a.phase_s:g} s at "
           f"{', '.join(f'{s:g}x' for s in scales)} of {ref:.2f} req/s ({a.devices} x TP1's simulated capacity "
-          f"at fixed 0.9, p90 <= 4 x unloaded mean) = {', '.join(f'{r:.2f}' for _, r in phases)} req/s, Gamma shape {a.shape:g}, "
+          f"at fixed 0.9, p90 <= 4 x unloaded mean) = {', '.join(f'{r:.2f}' for _, r in phases)} req/s, "
+          f"Gamma shape {a.shape:g}, "
           f"{len(requests)} requests ({', '.join(map(str, counts))} per phase), ShareGPT preset lengths, each asks "
           f"exactly its output length; SLO per request = {a.slo_k:g} x its unloaded latency on one TP4 at 0.95 "
           f"(median {statistics.median(r.slo_ms for r in requests) / 1e3:.2f} s); threshold_policy slo, ladder "
           f"{LADDER}, floor 0.7, load control on (target {base_config().load_target}), routing completion, "
-          f"tau 1024, block {BLOCK}, step predictor {a.predictor or 'SimpleEstimator'}, server threshold 0.9, seed {a.seed}\n")
-    out, lines = [], []
+          f"tau 1024, block {BLOCK}, step predictor {a.predictor or 'SimpleEstimator'}, server threshold 0.9, "
+          f"seed {a.seed}\n")
+    names = [f"phase {k + 1} ({s:g}x)" for k, s in enumerate(scales)]
+    table = Table(["layout (SIMULATED)", "KV pool per instance (tokens)", "SLO attainment", *names,
+                   ("mean block threshold", ".3f"), "per phase", ("p99 (s)", ".2f"), "completed",
+                   "load-control cap changes", ("CPU (s)", ".0f")])
+    out = []
     runs = [(d, None) for d in (int(x) for x in a.layouts.split(","))]
     runs += [(d, float(f)) for f in a.fixed.split(",") if f.strip() for d, _ in list(runs)]
     for d, fixed in runs:
@@ -196,24 +192,17 @@ def main() -> None:
                     "cpu_s": cpu, "kv_pool_tokens": cost_for(d).kv_pool_tokens()})
         o = m["overall"]
         control = "-" if fixed is not None else f"{len(caps)}, lowest {min((c for _, c in caps), default=0.95):.2f}"
-        lines.append(f"| {name} | {cost_for(d).kv_pool_tokens() // 1000}k | {100 * o['attainment']:.1f} % | "
-                     + " | ".join(f"{100 * p['attainment']:.1f} %" for p in m["phases"])
-                     + f" | {o['mean_threshold']:.3f} | " + " / ".join(f"{p['mean_threshold']:.2f}" for p in m["phases"])
-                     + f" | {o['p99_s']:.2f} | {s['completed']}/{s['requests']} | {control} | {cpu:.0f} |")
+        table.row(name, f"{cost_for(d).kv_pool_tokens() // 1000}k", f"{100 * o['attainment']:.1f} %",
+                  *(f"{100 * p['attainment']:.1f} %" for p in m["phases"]), o["mean_threshold"],
+                  " / ".join(f"{p['mean_threshold']:.2f}" for p in m["phases"]), o["p99_s"],
+                  f"{s['completed']}/{s['requests']}", control, cpu)
         print(f"  {name}: {cpu:.0f} s CPU", file=sys.stderr)
-    names = " | ".join(f"phase {k + 1} ({s:g}x)" for k, s in enumerate(scales))
-    print(f"| layout (SIMULATED) | KV pool per instance (tokens) | SLO attainment | {names} | mean block threshold | "
-          f"per phase | p99 (s) | completed | load-control cap changes | CPU (s) |")
-    print("|---|---|---|" + "---|" * len(scales) + "---|---|---|---|---|---|")
-    print("\n".join(lines))
     assumptions = {str(d): c.describe() for d, c in sorted(costs.items())}
     print("\ncost model (costmodel/gpu.py describe(), TP4 shown; TP1/TP2 differ only in tensor_parallel_size and "
           "kv_pool_tokens):\n" + json.dumps(assumptions["4"], indent=1, default=str))
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"simulated": True, "args": vars(a), "reference_rate": ref, "reference": ref_info,
-                                            "phases": phases, "runs": out, "assumptions": assumptions},
-                                           indent=1, default=str))
+        write_json(a.json, {"simulated": True, "args": vars(a), "reference_rate": ref, "reference": ref_info,
+                            "phases": phases, "runs": out, "assumptions": assumptions})
 
 
 if __name__ == "__main__":

@@ -1,41 +1,29 @@
-"""Simulator validation on this CPU: the same workload through the real multi-process engine and
-through the simulator (the CPU cost model fitted by `dllm-server calibrate`; each request's
-forwards per block replayed from the real run's own outputs), for six configurations at three
-loads: mean and p99 end-to-end latency and throughput, and the simulator's error on each. The
-workload is bench/scheduler.py's (prompts 32/96/224 token ids, answers 32/64/96, ignore_eos,
-block 32, threshold 0.9, Poisson), 48 requests per run; the machine's load average is recorded
-before and after every real run.
+"""Simulator validation on this CPU: bench/scheduler.py's workload through the real engine and through the
+simulator (`dllm-server calibrate`'s cost model, forwards per block replayed), six configurations, three loads.
 
-Two simulations per cell: with the calibration file (fitted earlier, the out-of-sample test the
-planner relies on) and with the same cost model fitted to this real run's own iteration reports
-(in-sample iteration times, the "given the same iteration times" test: what is left is the error
-of the simulated scheduling, queueing and messaging). On a shared 2-core machine the two differ
-by how much the CPU available to the engine drifted between the calibration and the run.
-
-    python bench/sim_validate.py --calibration docs/results/sim_cpu.json --out docs/results/sim_validation.json
+    python -m bench.sim_validate --calibration docs/results/sim_cpu.json --out docs/results/sim_validation.json
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import statistics
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import plain_id_offset, replay  # noqa: E402
-from scheduler import workload  # noqa: E402
+from bench.harness import Table, Timer, engine_workload, parser, replay, write_json
+from dllm_server.config import ServerConfig
+from dllm_server.costmodel.fitted import FittedCost, fit_iterations, load_cpu_cost
+from dllm_server.engine.async_engine import AsyncEngine
+from dllm_server.scheduler.placement import worker_roles
+from dllm_server.sim.behaviour import ReplayBehaviour, SimRequest, rows_from_outputs
+from dllm_server.sim.calibrate import trace_rows
+from dllm_server.sim.cluster import Simulator
 
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
-from dllm_server.scheduler.placement import worker_roles  # noqa: E402
-from dllm_server.sim.behaviour import ReplayBehaviour, SimRequest, rows_from_outputs  # noqa: E402
-from dllm_server.sim.cluster import Simulator  # noqa: E402
-from dllm_server.sim.calibrate import trace_rows  # noqa: E402
-from dllm_server.costmodel.fitted import FittedCost, fit_iterations, load_cpu_cost  # noqa: E402
+# Two simulations per cell: with the calibration file (fitted earlier: the out-of-sample test the
+# planner relies on) and with the same cost model fitted to the real run's own iteration reports
+# (in-sample iteration times: what is left is the error of the simulated scheduling, queueing and
+# messaging). The machine's load average is recorded before and after every real run.
 
 CONFIGS = [
     ("batch-1 FCFS", dict(max_active_decodes=1, token_budget=None)),
@@ -82,32 +70,30 @@ def sim_run(config: ServerConfig, cost, reqs, outs, info) -> tuple[dict, int, fl
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)", seed=0)
     ap.add_argument("--calibration", required=True, help="the JSON written by `dllm-server calibrate`")
-    ap.add_argument("--model", help="default: the embedded demo model")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--rates", default="2,4,6", help="Poisson loads, req/s")
     ap.add_argument("--only", help="comma-separated configuration names")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/results/sim_validation.json"))
     a = ap.parse_args()
     base = ServerConfig(model=a.model, dtype="float32", threads_per_worker=1, kv_cache_tokens=32768)
     rates = [float(r) for r in a.rates.split(",")]
     cells = json.loads(a.out.read_text())["cells"] if a.out.exists() and a.only else []
-    print("| configuration | load (req/s) | real mean / p99 (s) | real req/s | sim (calibration) mean / p99 (s) | "
-          "mean / p99 / req/s err | sim (fitted to the run) mean / p99 (s) | mean / p99 / req/s err | "
-          "iterations real / sim / sim | loadavg before -> after |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = Table(["configuration", ("load (req/s)", "g"), "real mean / p99 (s)", ("real req/s", ".2f"),
+                   "sim (calibration) mean / p99 (s)", "mean / p99 / req/s err",
+                   "sim (fitted to the run) mean / p99 (s)", "mean / p99 / req/s err", "iterations real / sim / sim",
+                   "loadavg before -> after"])
     for name, kw in CONFIGS:
         if a.only and name not in a.only.split(","):
             continue
         cfg = base.replace(**kw)
         for rate in rates:
-            reqs = workload(a.requests, rate, a.seed, plain_id_offset(a.model))
+            reqs = engine_workload("scheduler", a.requests, rate, a.seed, a.model)
             before = os.getloadavg()
-            t = time.perf_counter()
-            real, outs, info, real_iters, rows = await real_run(cfg, reqs)
-            real_wall = time.perf_counter() - t
+            with Timer() as t:
+                real, outs, info, real_iters, rows = await real_run(cfg, reqs)
+            real_wall = t.s
             after = os.getloadavg()
             roles = worker_roles(cfg.placement, cfg.num_workers, cfg.num_prefill_workers)
             calibrated = load_cpu_cost(a.calibration, num_workers=len(roles))
@@ -119,18 +105,16 @@ async def main() -> None:
                 err = {k: (sim[k] - real[k]) / real[k] for k in real}
                 cell.update({key: sim, f"error_{key}": err, f"{key}_wall_s": sim_wall})
                 cell["iterations"][key] = sim_iters
-                text.append(f"{sim['mean_s']:.2f} / {sim['p99_s']:.2f} | {100 * err['mean_s']:+.0f} / "
-                            f"{100 * err['p99_s']:+.0f} / {100 * err['req_s']:+.0f} %")
+                text += [f"{sim['mean_s']:.2f} / {sim['p99_s']:.2f}",
+                         f"{100 * err['mean_s']:+.0f} / {100 * err['p99_s']:+.0f} / {100 * err['req_s']:+.0f} %"]
             cell["in_run_fits"] = {k: {m: v[m] for m in ("samples", "turn_mean_abs_rel_error")}
                                    for k, v in fit_iterations(rows).items()}
             cells = [c for c in cells if (c["config"], c["rate"]) != (name, rate)] + [cell]
             it = cell["iterations"]
-            print(f"| {name} | {rate:g} | {real['mean_s']:.2f} / {real['p99_s']:.2f} | {real['req_s']:.2f} | "
-                  f"{text[0]} | {text[1]} | {it['real']} / {it['sim']} / {it['sim_in_run']} | "
-                  f"{before[0]:.2f} -> {after[0]:.2f} |", flush=True)
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps({"calibration": a.calibration, "requests": a.requests, "seed": a.seed,
-                                         "workload": "bench/scheduler.py workload()", "cells": cells}, indent=1))
+            table.row(name, rate, f"{real['mean_s']:.2f} / {real['p99_s']:.2f}", real["req_s"], *text,
+                      f"{it['real']} / {it['sim']} / {it['sim_in_run']}", f"{before[0]:.2f} -> {after[0]:.2f}")
+            write_json(a.out, {"calibration": a.calibration, "requests": a.requests, "seed": a.seed,
+                               "workload": "bench.harness MIXES['scheduler'] (bench/scheduler.py's)", "cells": cells})
 
 
 if __name__ == "__main__":

@@ -1,49 +1,31 @@
-"""SLO-aware decoding under load, several configurations in one run, on real servers:
-fixed thresholds (`--fixed`, default 0.9 and 0.7), the slo policy without load control, the slo
-policy with it.
+"""SLO-aware decoding under load on real servers: fixed thresholds and the slo policy with and without load
+control, at multiples of fixed 0.9's capacity: SLO attainment, latency, thresholds, quality, tick cost.
+`--at-rate` runs one configuration at one rate instead (side-by-side checks of one change at one load).
 
-1. The SLO: `--slo-factor` x the unloaded latency of fixed 0.9 on this workload (`--unloaded-quantile`
-   of `--unloaded-requests` timed one at a time: the median by default, a high quantile for a mix of
-   one-forward tasks and long chat answers).
-2. The capacity of fixed 0.9 at that SLO (>= 90 % of requests within it), by the load generator's
-   capacity search.
-3. Poisson load at `--rates` x that capacity for every configuration (the load generator's own
-   arrivals and send loop): SLO attainment, mean / p99 latency, mean threshold the blocks ran with.
-4. Quality of every answer, offline with the same model: token agreement with the same request
-   decoded at threshold 0.99 (greedy), and the model's pseudo log-likelihood of the answer
-   (bench/quality.py); with `--task` (a GSM8K-style file, or `demo`: the shipped demo-task set,
-   `--task-share` of the requests, the rest the chat prompts) accuracy too, overall and per task,
-   every task request scored against its own reference (it travels with the request spec) and a
-   failed one counted wrong and apart; and forwards per answer (the server's own counters).
-5. The policy's cost on the front loop: scheduler seconds per tick with 64 requests in flight,
-   fixed vs slo (the server's own dllm:scheduler_tick_seconds / dllm:scheduler_ticks).
-
-    python bench/slo.py [--model DIR] [--requests 40] [--rates 0.5,0.75,1,1.5,2] [--plot docs/img/slo.png]
-    python bench/slo.py --model DIR --task demo --task-share 0.8
-    python bench/slo.py --task demo --task-share 0.5 --fixed 0.9,0.7,0.5     # + the equal-accuracy headline
+    python -m bench.slo [--model DIR] [--requests 40] [--rates 0.5,0.75,1,1.5,2] [--plot docs/img/slo.png]
+    python -m bench.slo --task demo --task-share 0.5 --fixed 0.9,0.7,0.5     # + the equal-accuracy headline
+    python -m bench.slo --at-rate 9.75 --slo-ms 1647 --config slo --task demo --task-share 0.5 [--runs 2]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+import dllm_server
+from bench.harness import Table, Timer, parser, server, write_json
+from bench.quality import agreement, interleave, load_task, pseudo_log_likelihood, task_scores
 from dllm_server import LLM, SamplingParams
 from dllm_server.checkpoint import embedded_model_path
-from dllm_server.server_process import serve
 from loadgen.arrivals import arrival_offsets
 from loadgen.capacity import find_capacity
 from loadgen.run import RunConfig, benchmark
 from loadgen.tokens import load_counter
 from loadgen.workload import RequestSpec
-from quality import agreement, interleave, load_task, pseudo_log_likelihood, task_scores
 
 PROMPTS = ["Good morrow, my lord. What news?", "Tell me a story.", "Who art thou?", "What is love?",
            "My lord, the horses are ready.", "Why dost thou frown so?", "What did the messenger say?",
@@ -62,6 +44,7 @@ def configs(fixed: list[float]) -> list[tuple[str, list[str]]]:
 
 
 def workload(n: int, max_tokens: int, seed: int) -> list[RequestSpec]:
+    """`n` chat requests, each a prompt of PROMPTS drawn at random."""
     rng = np.random.default_rng(seed)
     return [RequestSpec(PROMPTS[int(rng.integers(len(PROMPTS)))], 12, max_tokens) for _ in range(n)]
 
@@ -133,26 +116,40 @@ def quality(llm, result: dict, specs, refs: dict[str, list[int]]) -> dict:
     return out
 
 
+def specs_of(a) -> list[RequestSpec]:
+    """The run's requests: --task's items (--task-share of them) among the chat prompts, or chat alone."""
+    task = load_task(a.task) if a.task else None
+    return (task_workload(task, a.requests, a.max_tokens, a.task_share, a.seed) if task
+            else workload(a.requests, a.max_tokens, a.seed))
+
+
+def server_flags(a) -> list[str]:
+    return ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096"]
+
+
+# 1. The SLO: --slo-factor x the --unloaded-quantile of fixed 0.9's latency, --unloaded-requests
+#    timed one at a time. 2. Fixed 0.9's capacity at that SLO (>= 90 % within it, loadgen's capacity
+#    search). 3. Poisson load at --rates x that capacity for every configuration. 4. Every answer's
+#    quality, offline with the same model (bench/quality.py), task accuracy with --task, forwards per
+#    answer (the server's counters). 5. The policy's cost on the front loop: scheduler seconds per tick
+#    with 64 requests in flight (the server's dllm:scheduler_tick_seconds / dllm:scheduler_ticks).
 async def main_async(a) -> dict:
     model = a.model or str(embedded_model_path())
-    task = load_task(a.task) if a.task else None
-    specs = (task_workload(task, a.requests, a.max_tokens, a.task_share, a.seed) if task
-             else workload(a.requests, a.max_tokens, a.seed))
-    common = ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096"]
+    specs = specs_of(a)
+    common = server_flags(a)
     logs = Path(tempfile.mkdtemp(prefix="bench-slo-"))
     report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens,
                     "task": a.task, "task_share": a.task_share if task else None, "configs": {}}
     # 1-2: the SLO and the capacity of fixed 0.9
     all_configs = configs(a.fixed)
-    base = serve(model, *common, *all_configs[0][1], log_path=logs / "base.log")
-    try:
+    with server(model, *common, *all_configs[0][1], log_path=logs / "base.log", stop_s=30) as base:
         async with httpx.AsyncClient(base_url=base.url, timeout=600, trust_env=False) as c:
             lat = []
             for spec in specs[:a.unloaded_requests + 1]:
-                t = time.perf_counter()
-                await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": spec.prompt}],
-                                                           "max_tokens": a.max_tokens, "temperature": 0})
-                lat.append(time.perf_counter() - t)
+                with Timer() as t:
+                    await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": spec.prompt}],
+                                                               "max_tokens": a.max_tokens, "temperature": 0})
+                lat.append(t.s)
         # the slow end of the workload: with demo tasks (one or two forwards) beside chat answers (~32)
         # a median set by the tasks gives an SLO no chat answer meets at any load, and the capacity
         # search halves its rate without end
@@ -166,13 +163,10 @@ async def main_async(a) -> dict:
                        "capacity_search": [{"rate": h["rate"], "ok": h["ok"]} for h in found["history"]]})
         print(f"unloaded latency (fixed 0.9) {unloaded_ms:.0f} ms; SLO {slo_ms:.0f} ms; capacity of fixed 0.9 at "
               f"90 % attainment: {capacity:.2f} req/s", flush=True)
-    finally:
-        base.stop()
     # 3: every configuration at every rate; 5: tick cost
     rates = [m * capacity for m in a.rates]
     for name, flags in all_configs:
-        s = serve(model, *common, *flags, log_path=logs / f"{name.replace(' ', '_')}.log")
-        try:
+        with server(model, *common, *flags, log_path=logs / f"{name.replace(' ', '_')}.log", stop_s=30) as s:
             runs = []
             for m, rate in zip(a.rates, rates):
                 r = await run_at(s.url, specs, rate, slo_ms, a.seed + 1)
@@ -183,8 +177,6 @@ async def main_async(a) -> dict:
                       f"{sm['slo']['mean_threshold']}", flush=True)
             tick = await tick_cost(s.url, PROMPTS[0]) if name in ("fixed 0.9", "slo + load control") else None
             models = {k: metric(s.url, k) for k in ("dllm:step_time_rel_error", "dllm:threshold_cap")}
-        finally:
-            s.stop()
         report["configs"][name] = {"runs": runs, "tick_s": tick, "server": models}
     # 4: quality, offline
     llm = LLM(model, dtype=a.dtype)
@@ -210,29 +202,28 @@ def print_tables(rep: dict) -> None:
         print(f"task {rep['task']}: {100 * rep['task_share']:.0f} % of the requests, the rest chat prompts; accuracy "
               "over every task request (a failed one counts wrong), each against its own reference")
     has_task = any("task" in r["quality"] for c in rep["configs"].values() for r in c["runs"])
-    cols = ("| config | load | rate (req/s) | SLO attainment | mean latency (ms) | p99 (ms) | mean threshold | "
-            "agreement with 0.99 | pseudo log-lik | forwards per answer |")
-    cols += " accuracy | failed |" if has_task else ""
-    print("\n" + cols + "\n" + "|---" * (cols.count("|") - 1) + "|")
+    print()
+    table = Table(["config", "load", ("rate (req/s)", ".2f"), "SLO attainment", ("mean latency (ms)", ".0f"),
+                   ("p99 (ms)", ".0f"), "mean threshold", "agreement with 0.99", "pseudo log-lik",
+                   "forwards per answer", *(["accuracy", "failed"] if has_task else [])])
     for name, c in rep["configs"].items():
         for run in c["runs"]:
             s, q = run["result"]["summary"], run["quality"]
-            row = (f"| {name} | {run['multiple']:g}x | {run['rate']:.2f} | {100 * s['slo']['attainment']:.0f} % | "
-                   f"{s['e2el_ms']['mean']:.0f} | {s['e2el_ms']['p99']:.0f} | "
-                   f"{_opt(s['slo']['mean_threshold'], '.3f')} | {_opt(q['agreement'], '.3f')} | "
-                   f"{_opt(q['pll'], '.3f')} | {_opt(q['forwards_per_answer'], '.1f')} |")
             t = q.get("task")
-            print(row + (f" {_opt(t['accuracy'], '.3f')} | {t['failed']}/{t['requests']} |" if t else ""))
+            table.row(name, f"{run['multiple']:g}x", run["rate"], f"{100 * s['slo']['attainment']:.0f} %",
+                      s["e2el_ms"]["mean"], s["e2el_ms"]["p99"], _opt(s["slo"]["mean_threshold"], ".3f"),
+                      _opt(q["agreement"], ".3f"), _opt(q["pll"], ".3f"), _opt(q["forwards_per_answer"], ".1f"),
+                      *([_opt(t["accuracy"], ".3f"), f"{t['failed']}/{t['requests']}"] if t else
+                        [""] * 2 if has_task else []))
     if has_task:
         tasks = list(dict.fromkeys(t for c in rep["configs"].values() for r in c["runs"]
                                    for t in r["quality"].get("task", {}).get("per_task", {})))
-        print("\nper-task accuracy (requests):\n\n| config | load | " + " | ".join(tasks) + " |\n" +
-              "|---" * (len(tasks) + 2) + "|")
+        table = Table(["config", "load", *tasks], "\nper-task accuracy (requests):\n")
         for name, c in rep["configs"].items():
             for run in c["runs"]:
                 per = run["quality"].get("task", {}).get("per_task", {})
-                cells = [f"{per[t]['accuracy']:.2f} ({per[t]['requests']})" if t in per else "-" for t in tasks]
-                print(f"| {name} | {run['multiple']:g}x | " + " | ".join(cells) + " |")
+                table.row(name, f"{run['multiple']:g}x",
+                          *(f"{per[t]['accuracy']:.2f} ({per[t]['requests']})" if t in per else "-" for t in tasks))
     if has_task:
         headline(rep)
     ticks = {n: c["tick_s"] for n, c in rep["configs"].items() if c["tick_s"] is not None}
@@ -250,18 +241,20 @@ def headline(rep: dict) -> None:
     att = lambda run: 100 * run["result"]["summary"]["slo"]["attainment"]
     policy = rep["configs"]["slo + load control"]["runs"]
     fixed = {n: c["runs"] for n, c in rep["configs"].items() if n.startswith("fixed")}
-    print("\nslo + load control against fixed 0.9 and the equal-accuracy fixed threshold (attainment, accuracy):\n\n"
-          "| load | slo + load control | fixed 0.9 | gain over 0.9 (points) | accuracy loss vs 0.9 (points) | "
-          "equal-accuracy fixed | its attainment, accuracy | gain over it (points) |\n|---|---|---|---|---|---|---|---|")
+    table = Table(["load", "slo + load control", "fixed 0.9", "gain over 0.9 (points)",
+                   "accuracy loss vs 0.9 (points)", "equal-accuracy fixed", "its attainment, accuracy",
+                   "gain over it (points)"],
+                  "\nslo + load control against fixed 0.9 and the equal-accuracy fixed threshold (attainment, "
+                  "accuracy):\n")
     for k, run in enumerate(policy):
         if acc(run) is None:
             continue
         f9 = fixed["fixed 0.9"][k]
         name, eq = min(((n, runs[k]) for n, runs in fixed.items() if acc(runs[k]) is not None),
                        key=lambda x: (abs(acc(x[1]) - acc(run)), x[0]))
-        print(f"| {run['multiple']:g}x | {att(run):.0f} %, {acc(run):.3f} | {att(f9):.0f} %, {acc(f9):.3f} | "
-              f"{att(run) - att(f9):+.0f} | {100 * (acc(f9) - acc(run)):+.1f} | {name} | {att(eq):.0f} %, "
-              f"{acc(eq):.3f} | {att(run) - att(eq):+.0f} |")
+        table.row(f"{run['multiple']:g}x", f"{att(run):.0f} %, {acc(run):.3f}", f"{att(f9):.0f} %, {acc(f9):.3f}",
+                  f"{att(run) - att(f9):+.0f}", f"{100 * (acc(f9) - acc(run)):+.1f}", name,
+                  f"{att(eq):.0f} %, {acc(eq):.3f}", f"{att(run) - att(eq):+.0f}")
 
 
 def plot(rep: dict, path: str) -> None:
@@ -284,9 +277,23 @@ def plot(rep: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def at_rate(a) -> None:
+    """One configuration at one Poisson rate, --runs times on one fresh server after a short warm-up
+    at 1 req/s: SLO attainment, mean latency and mean block threshold per run (run it once per code
+    version, e.g. with PYTHONPATH at a worktree of the older commit)."""
+    flags = ["--threshold-policy", "slo"] if a.config == "slo" else ["--threshold", a.config]
+    specs = specs_of(a)
+    print(f"code from {Path(dllm_server.__file__).parent}; config {a.config}, {a.at_rate} req/s, SLO {a.slo_ms} ms")
+    with server(a.model, *server_flags(a), *flags, stop_s=30) as s:
+        asyncio.run(run_at(s.url, specs[:6], 1.0, a.slo_ms, a.seed + 3))          # warm-up at a light load
+        table = Table(["run", "SLO attainment", ("mean latency (ms)", ".0f"), ("mean threshold", ".3f")])
+        for k in range(a.runs):
+            sm = asyncio.run(run_at(s.url, specs, a.at_rate, a.slo_ms, a.seed + 1 + k))["summary"]
+            table.row(k, f"{100 * sm['slo']['attainment']:.0f} %", sm["e2el_ms"]["mean"], sm["slo"]["mean_threshold"])
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model")
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)", threads=1, seed=0)
     ap.add_argument("--task", help="GSM8K-style JSONL ({'question', 'answer'}), or 'demo' (the shipped demo-task "
                     "set): report accuracy too, overall and per task")
     ap.add_argument("--task-share", type=float, default=1.0,
@@ -305,19 +312,26 @@ def main() -> None:
     ap.add_argument("--start-rate", type=float, default=2.0)
     ap.add_argument("--max-rate", type=float, default=64.0)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="docs/results/slo.json")
     ap.add_argument("--plot", default="docs/img/slo.png")
+    one = ap.add_argument_group("one configuration at one rate (--at-rate)")
+    one.add_argument("--at-rate", type=float, help="requests per second (Poisson): run just --config at this rate")
+    one.add_argument("--slo-ms", type=float, help="the SLO of --at-rate")
+    one.add_argument("--config", default="slo", help="'slo' (--threshold-policy slo, load control on) or a fixed "
+                                                     "threshold such as 0.5")
+    one.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
     if not 0 < a.task_share <= 1:
         ap.error("--task-share: must be in (0, 1]")
+    if a.at_rate is not None:
+        if a.slo_ms is None:
+            ap.error("--at-rate needs --slo-ms")
+        return at_rate(a)
     rep = asyncio.run(main_async(a))
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     for c in rep["configs"].values():              # keep the JSON small: summaries only
         for run in c["runs"]:
             run["result"] = {"summary": run["result"]["summary"]}
-    Path(a.json).write_text(json.dumps(rep, indent=1))
+    write_json(a.json, rep)
     print_tables(rep)
     plot(rep, a.plot)
     print(f"\nplot: {a.plot}; JSON: {a.json}")

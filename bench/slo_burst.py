@@ -1,23 +1,14 @@
-"""A simultaneous burst (issue 33): N chat requests arrive at once at one real server running
-`--threshold-policy slo`, first each naming `threshold` 0.9 (the fixed default: a request that
-names its rule keeps it), then the same requests with `slo_ms` instead, set to the latency the
-fixed run met for `--quantile` of its requests (30 %: the SLO most requests miss under fixed
-0.9). Reports SLO attainment of both, the thresholds the policy chose, forwards per answer and
-the demo tasks' exact match (requests from the shipped evaluation set, scored against their own
-reference), `--rounds` times on the same server. Each round ends with fixed 0.9 once more, scored
-against the SLO its first run set: the noise floor of the comparison (the burst's waves shift
-from one run to the next, and the SLO sits on a wave's end).
+"""A simultaneous burst (issue 33): N chat requests at once at one `--threshold-policy slo` server, first
+each naming threshold 0.9, then with `slo_ms` at fixed 0.9's --quantile latency, then fixed 0.9 again.
 
-    python bench/slo_burst.py [--model DIR] [--requests 40] [--rounds 2] [--fixed-low 0.5] [--waves] [--json out.json]
-    python bench/slo_burst.py --from-json out.json [--waves] [--per-request]    # a saved run's tables again
+    python -m bench.slo_burst [--model DIR] [--requests 40] [--rounds 2] [--fixed-low 0.5] [--waves] [--json out.json]
+    python -m bench.slo_burst --from-json out.json [--waves] [--per-request]    # a saved run's tables again
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,9 +16,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server.demo_tasks import is_correct, load_eval  # noqa: E402
-from dllm_server.server_process import serve  # noqa: E402
+from bench.harness import Table, Timer, parser, server, write_json
+from dllm_server.demo_tasks import is_correct, load_eval
+
+# Reported: SLO attainment of both, the thresholds the policy chose, forwards per answer and the
+# demo tasks' exact match, --rounds times on the same server. Each round's second fixed-0.9 run,
+# scored against the SLO its first run set, is the noise floor of the comparison (the burst's
+# waves shift from one run to the next, and the SLO sits on a wave's end).
 
 CHAT = ["Good morrow, my lord. What news?", "Who art thou?", "What is love?", "Dost thou love me?",
         "Why dost thou frown so?", "What news from Rome?", "Where shall we dine?", "Is this a dagger I see?"]
@@ -58,9 +53,9 @@ async def burst(url: str, reqs: list[dict], extra: dict) -> list[dict]:
         async def one(r):
             body = {"messages": [{"role": "user", "content": r["content"]}], "max_tokens": 64, "temperature": 0.0,
                     **extra}
-            t = time.perf_counter()
-            resp = await c.post("/v1/chat/completions", json=body)
-            dt = time.perf_counter() - t
+            with Timer() as t:
+                resp = await c.post("/v1/chat/completions", json=body)
+            dt = t.s
             resp.raise_for_status()
             ch = resp.json()["choices"][0]
             return {"latency_s": dt, "answer": ch["message"]["content"], "forwards": ch["dllm"]["forwards"],
@@ -93,30 +88,28 @@ def summarise(outs: list[dict], slo_s: float) -> dict:
 
 def run(model: str | None, n: int, rounds: int, quantile: float, log_dir: Path, extra_flags=(),
         low: float | None = None) -> dict:
-    server = serve(model, "--threshold-policy", "slo", *extra_flags, log_path=log_dir / "slo_burst_server.log")
-    try:
+    with server(model, "--threshold-policy", "slo", *extra_flags, log_path=log_dir / "slo_burst_server.log",
+                stop_s=30) as s:
         reqs = burst_requests(n)
-        asyncio.run(burst(server.url, reqs[:4], {"threshold": 0.9}))      # warm-up
+        asyncio.run(burst(s.url, reqs[:4], {"threshold": 0.9}))      # warm-up
         results = []
         for k in range(rounds):
-            fixed = asyncio.run(burst(server.url, reqs, {"threshold": 0.9}))
+            fixed = asyncio.run(burst(s.url, reqs, {"threshold": 0.9}))
             slo_s = float(np.quantile([o["latency_s"] for o in fixed], quantile))
             time.sleep(0.5)
-            policy = asyncio.run(burst(server.url, reqs, {"slo_ms": 1e3 * slo_s}))
+            policy = asyncio.run(burst(s.url, reqs, {"slo_ms": 1e3 * slo_s}))
             time.sleep(0.5)
             # the noise floor: fixed 0.9 again, against the SLO its first run set
-            repeat = asyncio.run(burst(server.url, reqs, {"threshold": 0.9}))
+            repeat = asyncio.run(burst(s.url, reqs, {"threshold": 0.9}))
             results.append({"round": k, "slo_ms": 1e3 * slo_s, "fixed_0.9": summarise(fixed, slo_s),
                             "slo_policy": summarise(policy, slo_s), "fixed_0.9_again": summarise(repeat, slo_s),
                             "policy_requests": [{f: o[f] for f in ("latency_s", "task", "forwards", "thresholds")}
                                                 for o in sorted(policy, key=lambda o: o["latency_s"])]})
             if low is not None:     # what the lowest threshold alone buys on this burst: the knob's reach
                 time.sleep(0.5)
-                results[-1][f"fixed_{low:g}"] = summarise(asyncio.run(burst(server.url, reqs, {"threshold": low})), slo_s)
+                results[-1][f"fixed_{low:g}"] = summarise(asyncio.run(burst(s.url, reqs, {"threshold": low})), slo_s)
             time.sleep(0.5)
-        return {"model": model or "embedded demo model", "requests": n, "quantile": quantile, "rounds": results}
-    finally:
-        server.stop()
+    return {"model": model or "embedded demo model", "requests": n, "quantile": quantile, "rounds": results}
 
 
 def configs(rd: dict) -> list[str]:
@@ -129,14 +122,15 @@ def report(r: dict, waves_too: bool = False, per_request: bool = False) -> None:
     rounds = r["rounds"]
     print(f"burst of {r['requests']} at once, model {r['model']}; SLO = the latency fixed 0.9 met for "
           f"{100 * r['quantile']:.0f} % of them, per round\n")
-    print("| round | SLO (s) | config | SLO attainment | exact match (tasks) | forwards / answer | mean threshold | "
-          "thresholds used | p50 latency (s) |\n|---|---|---|---|---|---|---|---|---|")
+    table = Table(["round", ("SLO (s)", ".2f"), "config", "SLO attainment", "exact match (tasks)",
+                   ("forwards / answer", ".1f"), ("mean threshold", ".3f"), "thresholds used",
+                   ("p50 latency (s)", ".2f")])
     for rd in rounds:
         for name in configs(rd):
             s = rd[name]
-            print(f"| {rd['round']} | {rd['slo_ms'] / 1e3:.2f} | {name} | {100 * s['attainment']:.0f} % | "
-                  f"{100 * s['exact_match']:.0f} % | {s['forwards_per_answer']:.1f} | {s['mean_threshold']:.3f} | "
-                  f"{s['thresholds_used']} | {s['p50_latency_s']:.2f} |")
+            table.row(rd["round"], rd["slo_ms"] / 1e3, name, f"{100 * s['attainment']:.0f} %",
+                      f"{100 * s['exact_match']:.0f} %", s["forwards_per_answer"], s["mean_threshold"],
+                      s["thresholds_used"], s["p50_latency_s"])
     print("\npooled over the rounds: SLO attainment, mean p50 latency, rounds within 5 points of fixed_0.9 or above")
     for name in configs(rounds[0]):
         att = [rd[name]["attainment"] for rd in rounds]
@@ -158,8 +152,7 @@ def report(r: dict, waves_too: bool = False, per_request: bool = False) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap = parser(__doc__, model="checkpoint (default: the embedded demo model)")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quantile", type=float, default=0.3)
@@ -179,7 +172,7 @@ def main() -> None:
         r = run(a.model, a.requests, a.rounds, a.quantile, Path(tmp), low=a.fixed_low)
     report(r, a.waves, a.per_request)
     if a.json:
-        Path(a.json).write_text(json.dumps(r, indent=2))
+        write_json(a.json, r, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,19 @@
-"""What a lower threshold costs in quality, per model, offline: every prompt of bench/slo.py decoded
-greedy at each threshold, against the same prompt at threshold 0.99 (bench/quality.py's measures:
-token agreement and the model's own pseudo log-likelihood of the answer), with the forwards each
-answer took. The price list behind bench/slo.py's "mean threshold" column, for models whose answers
-do change with the threshold.
+"""What a lower threshold costs in quality, per model, offline: bench/slo.py's prompts at each threshold
+against threshold 0.99 (agreement, pseudo log-likelihood, forwards); with --task, accuracy per task.
 
-With `--task` (bench/slo.py's: a GSM8K-style file, or `demo` for the shipped demo-task set) the
-task's questions instead, scored as bench/slo.py scores them (quality.task_scores): accuracy and
-forwards per answer per threshold (default 0.99, 0.95, 0.9, 0.7, 0.5, 0.3), overall and per task.
-
-    python bench/threshold_quality.py --model DIR [--model DIR2 ...] [--thresholds 0.95,0.9,0.8,0.7,0.6,0.5]
-    python bench/threshold_quality.py --model DIR --task demo [--limit 5]
+    python -m bench.threshold_quality --model DIR [--model DIR2 ...] [--thresholds 0.95,0.9,0.8,0.7,0.6,0.5]
+    python -m bench.threshold_quality --model DIR --task demo [--limit 5] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 
+from bench.harness import Table, parser, write_json
+from bench.quality import agreement, load_task, pseudo_log_likelihood, task_scores
+from bench.slo import PROMPTS
 from dllm_server import LLM, SamplingParams
 from dllm_server.checkpoint import embedded_model_path
-from quality import agreement, load_task, pseudo_log_likelihood, task_scores
-from slo import PROMPTS
 
 
 def measure(model: str, thresholds: list[float], max_tokens: int) -> list[dict]:
@@ -85,17 +77,15 @@ def print_task_table(report: dict, task: str, max_tokens: int) -> None:
     tasks = list(rows[0]["per_task"])
     print(f"{rows[0]['requests']} questions of {task}, greedy, offline, no load, max_tokens {max_tokens}; "
           "per task: accuracy / forwards per answer\n")
-    print("| model | threshold | accuracy | forwards per answer | " + " | ".join(tasks) + " |")
-    print("|---" * (len(tasks) + 4) + "|")
+    table = Table(["model", ("threshold", "g"), ("accuracy", ".3f"), ("forwards per answer", ".1f"), *tasks])
     for model, rows in report.items():
         for r in rows:
-            cells = [f"{r['per_task'][t]['accuracy']:.2f} / {r['per_task'][t]['forwards']:.1f}" for t in tasks]
-            print(f"| {Path(model).name} | {r['threshold']:g} | {r['accuracy']:.3f} | {r['forwards']:.1f} | "
-                  + " | ".join(cells) + " |")
+            table.row(Path(model).name, r["threshold"], r["accuracy"], r["forwards"],
+                      *(f"{r['per_task'][t]['accuracy']:.2f} / {r['per_task'][t]['forwards']:.1f}" for t in tasks))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--model", action="append", help="checkpoint folder (repeatable); default: the demo model")
     ap.add_argument("--thresholds", type=lambda t: [float(x) for x in t.split(",")], default=None,
                     help="besides the reference 0.99 (default 0.95,0.9,0.8,0.7,0.6,0.5); with --task: the "
@@ -103,7 +93,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--task", help="GSM8K-style JSONL or 'demo' (the shipped demo-task set): accuracy instead")
     ap.add_argument("--limit", type=int, default=None, help="with --task: the first N questions of each task")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="also write every figure here")
     a = ap.parse_args()
     models = a.model or [str(embedded_model_path())]
     if a.task:
@@ -113,16 +103,15 @@ def main() -> None:
     else:
         report = {m: measure(m, a.thresholds or [0.95, 0.9, 0.8, 0.7, 0.6, 0.5], a.max_tokens) for m in models}
         print(f"{len(PROMPTS)} prompts of bench/slo.py, greedy, max_tokens {a.max_tokens}; reference: threshold 0.99\n")
-        print("| model | threshold | agreement with 0.99 | pseudo log-lik | forwards per answer | distinct answers "
-              "| median words |")
-        print("|---|---|---|---|---|---|---|")
+        table = Table(["model", ("threshold", "g"), ("agreement with 0.99", ".3f"), ("pseudo log-lik", ".3f"),
+                       ("forwards per answer", ".1f"), "distinct answers", ("median words", "g")])
         for model, rows in report.items():
             for r in rows:
-                print(f"| {Path(model).name} | {r['threshold']:g} | {r['agreement']:.3f} | {r['pll']:.3f} | "
-                      f"{r['forwards']:.1f} | {r['distinct']} | {r['words']:g} |")
+                table.row(Path(model).name, r["threshold"], r["agreement"], r["pll"], r["forwards"], r["distinct"],
+                          r["words"])
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(report, indent=1))
+        write_json(a.json, report)
+
 
 if __name__ == "__main__":
     main()

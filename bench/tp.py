@@ -1,52 +1,36 @@
-"""Tensor parallelism on this CPU: TP=1 with 2 torch threads against TP=2 with 1 thread per rank
-(two processes over gloo), the same work, side by side in one run. Two parts per model:
+"""Tensor parallelism on this CPU: TP=1 with 2 threads against TP=2 with 1 thread per rank (gloo), the same
+work side by side: A one forward (with the all-reduce share), B a batch served by the real engine.
 
-  A. forward: one packed dual-cache block step of B requests (B x 32 rows) and one prefill, the
-     median time per forward, and the share of a TP=2 forward spent in its all-reduces (timed
-     around each gloo all_reduce on the leader);
-  B. served: the same batch of requests through the engine with real worker processes
-     (AsyncEngine): wall time, requests/s, output tokens/s and the mean iteration time the
-     workers reported.
-
-    python bench/tp.py                      # demo-shaped and d=1024 random checkpoints
-    python bench/tp.py --models demo --batch 1 8 --requests 16
-
-The embedded demo model has 5 attention heads, which allow tensor-parallel degrees 1 and 5 only,
-so "demo" here is a random checkpoint of its shape with 4 heads (d 320, 6 layers, MLP 864, head
-dim 80; byte-level vocabulary of 262 instead of 4096, so its replicated LM head is smaller).
-
-On 2 cores a TP=2 instance has no more compute than TP=1 with 2 threads: what it can win is the
-per-thread efficiency of smaller matmuls; what it pays is two all-reduces per layer and a plan
-broadcast per forward. Reported as measured, no target.
+    python -m bench.tp [--models demo d1024] [--batch 1 8 32] [--requests 32] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dllm_server import SamplingParams  # noqa: E402
-from dllm_server.checkpoint import plain_id_offset_of  # noqa: E402
-from dllm_server.config import ServerConfig  # noqa: E402
-from dllm_server.engine.async_engine import AsyncEngine  # noqa: E402
-from dllm_server.server_process import free_port  # noqa: E402
-from dllm_server.model.loader import load_model  # noqa: E402
-from dllm_server.model.tiny import make_tiny_model  # noqa: E402
-from dllm_server.model.tp import TPShard  # noqa: E402
-from dllm_server.worker.kv_pool import KVPool  # noqa: E402
-from dllm_server.worker.runner import ForwardItem, ModelRunner  # noqa: E402
-from dllm_server.worker.tp import PlanSender, follow, init_groups  # noqa: E402
+from bench.harness import Table, Timer, parser, write_json
+from dllm_server import SamplingParams
+from dllm_server.checkpoint import plain_id_offset_of
+from dllm_server.config import ServerConfig
+from dllm_server.engine.async_engine import AsyncEngine
+from dllm_server.model.loader import load_model
+from dllm_server.model.tiny import make_tiny_model
+from dllm_server.model.tp import TPShard
+from dllm_server.server_process import free_port
+from dllm_server.worker.kv_pool import KVPool
+from dllm_server.worker.runner import ForwardItem, ModelRunner
+from dllm_server.worker.tp import PlanSender, follow, init_groups
 
+# "demo" is a random checkpoint of the demo model's shape with 4 heads (the embedded model's 5 allow
+# TP degrees 1 and 5 only): d 320, 6 layers, MLP 864, head dim 80, a byte vocabulary. On 2 cores
+# TP=2 has no more compute than TP=1 with 2 threads: it can win the per-thread efficiency of smaller
+# matmuls and pays two all-reduces per layer and a plan broadcast per forward.
 BLOCK, PROMPT, PREFILL = 32, 96, 224
 
 
@@ -78,9 +62,9 @@ def time_cases(runner, cases: dict, reps: int, comm: list | None = None) -> dict
         ts, cs = [], []
         for _ in range(reps):
             c0 = comm[0] if comm else 0.0
-            t = time.perf_counter()
-            runner.forward(items)
-            ts.append(time.perf_counter() - t)
+            with Timer() as t:
+                runner.forward(items)
+            ts.append(t.s)
             cs.append((comm[0] - c0) if comm else 0.0)
         out[name] = {"ms": 1e3 * statistics.median(ts), "comm_share": statistics.median(c / t for c, t in zip(cs, ts))}
     return out
@@ -104,10 +88,10 @@ def rank_main(rank: int, port: int, path: str, batches: list[int], reps: int, fi
     groups = init_groups(rank, 2, "127.0.0.1", port, torch.device("cpu"))
     comm = [0.0]
 
-    def timed_all_reduce(t):
-        t0 = time.perf_counter()
-        dist.all_reduce(t, group=groups.reduce)
-        comm[0] += time.perf_counter() - t0
+    def timed_all_reduce(t):      # the leader's seconds in all-reduces
+        with Timer() as c:
+            dist.all_reduce(t, group=groups.reduce)
+        comm[0] += c.s
     runner, pool, args = build(path, TPShard(rank, 2, timed_all_reduce))
     if rank == 0:
         sender = runner.plan_sink = PlanSender(groups)
@@ -142,9 +126,9 @@ async def _serve(config: ServerConfig, requests: list) -> dict:
     try:
         await asyncio.gather(*[engine.run(p, s) for p, s in requests[:2]])        # warm-up
         n0 = len(engine.iteration_trace())
-        t = time.perf_counter()
-        outs = await asyncio.gather(*[engine.run(p, s) for p, s in requests])
-        wall = time.perf_counter() - t
+        with Timer() as t:
+            outs = await asyncio.gather(*[engine.run(p, s) for p, s in requests])
+        wall = t.s
         iters = [r.iteration_s for _, r in engine.iteration_trace()[n0:] if r.iteration_tokens]
     finally:
         await engine.shutdown(0)
@@ -163,7 +147,7 @@ def part_b(path: str, n: int, max_tokens: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["demo", "d1024"], help="demo and/or d1024 (random)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--reps", type=int, default=15)
@@ -181,12 +165,12 @@ def main() -> None:
             r = {"forward": part_a(path, a.batch, a.reps), "served": part_b(path, a.requests, a.max_tokens)}
             results[name] = r
             print(f"\n## {name}: random weights, {shapes[name]}\n")
-            print("| forward | TP=1, 2 threads (ms) | TP=2, 1 thread a rank (ms) | TP=2 / TP=1 | all-reduce share of a TP=2 "
-                  "forward |\n|---|---|---|---|---|")
+            table = Table(["forward", ("TP=1, 2 threads (ms)", ".2f"), ("TP=2, 1 thread a rank (ms)", ".2f"),
+                           "TP=2 / TP=1", "all-reduce share of a TP=2 forward"])
             f1, f2 = r["forward"]["tp1_2threads"], r["forward"]["tp2_1thread"]
             for case in f1:
-                print(f"| {case} | {f1[case]['ms']:.2f} | {f2[case]['ms']:.2f} | {f2[case]['ms'] / f1[case]['ms']:.2f}x "
-                      f"| {100 * f2[case]['comm_share']:.0f} % |")
+                table.row(case, f1[case]["ms"], f2[case]["ms"], f"{f2[case]['ms'] / f1[case]['ms']:.2f}x",
+                          f"{100 * f2[case]['comm_share']:.0f} %")
             f = r["forward"]
             print(f"\nweights of the sharded layers: TP=1 {f['sharded_bytes_tp1'] / 2**20:.1f} MiB, a TP=2 rank "
                   f"{f['sharded_bytes_tp2_rank0'] / 2**20:.1f} MiB "
@@ -194,13 +178,13 @@ def main() -> None:
             s1, s2 = r["served"]["tp1_2threads"], r["served"]["tp2_1thread"]
             print(f"\nserved, {a.requests} requests at once, {a.max_tokens} tokens each (fixed steps, "
                   f"{a.max_tokens // 2} forwards an answer):\n")
-            print("| configuration | wall (s) | requests/s | output tok/s | mean iteration (ms) |\n|---|---|---|---|---|")
+            table = Table(["configuration", ("wall (s)", ".2f"), ("requests/s", ".2f"), ("output tok/s", ".0f"),
+                           ("mean iteration (ms)", ".1f")])
             for label, s in (("TP=1, 2 threads", s1), ("TP=2, 1 thread a rank", s2)):
-                print(f"| {label} | {s['wall_s']:.2f} | {s['req_s']:.2f} | {s['tok_s']:.0f} | "
-                      f"{s['mean_iteration_ms']:.1f} |")
+                table.row(label, s["wall_s"], s["req_s"], s["tok_s"], s["mean_iteration_ms"])
             print(f"\nthroughput TP=2 / TP=1: {s2['tok_s'] / s1['tok_s']:.2f}x", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=2))
+        write_json(a.json, results, indent=2)
 
 
 if __name__ == "__main__":

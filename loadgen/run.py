@@ -105,7 +105,7 @@ async def execute(client: httpx.AsyncClient, cfg: RunConfig, model: str | None,
 async def open_loop(offsets, one: Callable[[int], Awaitable[T]], t0: float | None = None) -> list[T]:
     """Start ``one(i)`` at ``t0 + offsets[i]`` (perf_counter seconds) whatever earlier requests are
     doing (open loop); returns the results in request order. Shared with the in-process engine
-    benchmarks (bench/common.py)."""
+    benchmarks (bench/harness.py)."""
     t0 = time.perf_counter() if t0 is None else t0
     tasks = []
     for i, off in enumerate(offsets):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared command for a lent GPU machine (docs/gpu.md, "Running it"): install the carried
-# wheels ahead of the image's packages, record the environment, then run bench/gpu.py with its
-# results under $OUT. Arguments go to bench/gpu.py after the defaults here, so they win.
+# wheels ahead of the image's packages, record the environment, then run bench.gpu with its
+# results under $OUT. Arguments go to bench.gpu after the defaults here, so they win.
 #   first run:  carry [".whl"], command "bash scripts/gpu_run.sh", timeout_s 480
 #   fallback A: "bash scripts/gpu_run.sh --only capacity --time-budget-s 190", timeout_s 230
 #   fallback B: "bash scripts/gpu_run.sh --only correctness,gemm,decode,prefill --time-budget-s 190", 230
@@ -35,6 +35,6 @@ fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | tee -a "$info"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$info"
 df -h "$(python3 -c 'import tempfile; print(tempfile.gettempdir())')" /dev/shm 2>&1 | tee -a "$info"
-python3 bench/gpu_env.py 2>&1 | tee -a "$info"   # every imported package's version; warnings; never stops the run
-python3 bench/gpu.py --out "$OUT/gpu_bench.json" --time-budget-s 400 "$@" 2>&1 | tee "$OUT/gpu_bench.log"
+python3 -m bench.gpu_env 2>&1 | tee -a "$info"   # every imported package's version; warnings; never stops the run
+python3 -m bench.gpu --out "$OUT/gpu_bench.json" --time-budget-s 400 "$@" 2>&1 | tee "$OUT/gpu_bench.log"
 exit "${PIPESTATUS[0]}"

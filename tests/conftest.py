@@ -34,3 +34,21 @@ def tiny_model(request, tiny_llada, tiny_dream) -> str:
 @pytest.fixture
 def engine_config(tiny_llada):
     return ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1)
+
+
+# Tests that start real server, worker, Ray or container processes: `make test-fast` (-m "not slow")
+# leaves them out for the edit loop; `make test` (CI) runs everything.
+SLOW = ("tests/api/", "tests/engine/", "tests/reliability/test_abuse.py", "tests/reliability/test_faults.py",
+        "tests/reliability/test_slow_clients.py", "tests/reliability/test_soak.py", "tests/docker/test_image.py",
+        "tests/executor/test_ray.py", "tests/executor/test_stuck.py", "tests/executor/test_outbox_death.py",
+        "tests/cluster/test_reconfigure.py", "tests/worker/test_kv_stream.py", "tests/bench/test_gpu_bench.py",
+        "tests/bench/test_gpu_preflight.py", "tests/bench/test_handoff_bench.py", "tests/loadgen/test_loadgen_e2e.py",
+        "tests/model/test_tp_forward.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        rel = item.path.relative_to(root).as_posix()
+        if rel.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)

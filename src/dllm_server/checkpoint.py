@@ -1,9 +1,5 @@
-"""Where a checkpoint folder is and what its config.json and generation_config.json say, without
-loading any weights (the front process reads these and hands the workers the resolved folder; a
-Hugging Face model id is fetched into the library's cache by hub.py). The embedded demo model is a small
-LLaDA-architecture checkpoint shipped in the package (assets/demo-model, trained by
-scripts/train_demo.py; see its MODEL_CARD.md); an installation without it is refused with a clear
-error, never served with random weights."""
+"""Where a checkpoint folder is and what its config.json and generation_config.json say, without loading weights.
+The embedded demo model (assets/demo-model, see its MODEL_CARD.md) is never replaced by random weights."""
 from __future__ import annotations
 
 import json
@@ -16,30 +12,25 @@ log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
 
 
-# Diffusion architectures the workers implement (model/loader.py maps each to its module).
 ARCHITECTURES = ("LLaDAModelLM", "DreamModel", "SDARForCausalLM")
 MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM"}
-# generation_config.json keys honoured as request defaults, as vLLM does (max_new_tokens -> max_tokens).
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                        "max_new_tokens": "max_tokens"}
 
 
-# Where each architecture's config.json keeps its attention and KV head counts.
 HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads"),
              "SDARForCausalLM": ("num_attention_heads", "num_key_value_heads")}
 
 
 def head_counts(cfg: dict, where: str = "the checkpoint") -> tuple[int, int]:
-    """(attention heads, KV heads) from config.json, before any weights load (the tensor-parallel
-    degree is checked against them)."""
+    """(attention heads, KV heads) from config.json, to check the TP degree before any weights load."""
     heads_key, kv_key = HEAD_KEYS[architecture_of(cfg, where)]
     heads = int(cfg[heads_key])
     return heads, int(cfg.get(kv_key) or heads)
 
 
 def model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> Path:
-    """The folder to serve: a local folder, a Hugging Face model id (ORG/NAME: fetched into its
-    cache, or `download_dir`), else the embedded demo model."""
+    """The folder to serve: a local folder, a fetched Hugging Face model id, else the embedded demo model."""
     if model is None:
         return embedded_model_path()
     if hub.is_repo_id(model):
@@ -48,7 +39,7 @@ def model_path(model: str | None, revision: str | None = None, download_dir: str
 
 
 def served_name(model: str | None, path: Path) -> str:
-    """What /v1/models calls it by default: the model id as given (vLLM's rule), else the folder name."""
+    """The default /v1/models name: the model id as given (vLLM's rule), else the folder name."""
     return model if model is not None and hub.is_repo_id(model) else Path(path).name
 
 
@@ -66,7 +57,6 @@ def architecture_of(cfg: dict, where: str = "the checkpoint") -> str:
 def embedded_model_path() -> Path:
     if (ASSET / "config.json").is_file():
         return ASSET
-    # a package without its asset is a broken install: say so rather than serve random weights
     raise FileNotFoundError(f"model: the embedded demo model is missing from this installation ({ASSET}); "
                             "reinstall dllm-server, or name a checkpoint folder or Hugging Face id")
 
@@ -80,10 +70,8 @@ def read_config(path: str | Path) -> dict:
 
 
 def plain_id_offset(special_ids) -> int:
-    """What to add to a synthetic prompt's byte-range ids (0-255: benchmarks, calibration) so that
-    none is a special token: the first start of a 256-id window free of them. 0 where the specials
-    sit above the bytes (byte-level checkpoints, LLaDA, Dream: every figure recorded before
-    2026-12-01); 6 for the demo model v2, whose BPE puts its six specials first."""
+    """The offset for synthetic byte-range prompt ids (0-255) that avoids every special token: 0 where the specials
+    sit above the bytes (LLaDA, Dream), 6 for the demo model, whose BPE puts its six specials first."""
     special, offset = set(special_ids), 0
     while hit := [s for s in special if offset <= s < offset + 256]:
         offset = max(hit) + 1
@@ -91,8 +79,7 @@ def plain_id_offset(special_ids) -> int:
 
 
 def plain_id_offset_of(model: str | None) -> int:
-    """plain_id_offset for a checkpoint (as `model_path` resolves it): its tokenizer's
-    added tokens and config's mask / end ids, read without loading weights."""
+    """plain_id_offset for a checkpoint, read without loading weights."""
     folder = model_path(model)
     cfg = read_config(folder)
     tok = folder / "tokenizer.json"
@@ -104,8 +91,7 @@ def plain_id_offset_of(model: str | None) -> int:
 
 
 def generation_config(folder: str | Path, setting: str | None) -> dict:
-    """generation_config.json as the server honours it: `setting` "auto" reads the model folder's,
-    a path reads that folder's, None reads nothing (ServerConfig.generation_config)."""
+    """generation_config.json as honoured: "auto" reads the model folder's, a path that folder's, None nothing."""
     if setting is None:
         return {}
     gen = (Path(folder) if setting == "auto" else Path(setting).expanduser()) / "generation_config.json"
@@ -121,15 +107,12 @@ def generation_config(folder: str | Path, setting: str | None) -> dict:
 
 
 def sampling_defaults(gen: dict) -> dict:
-    """The request defaults a generation config sets (SamplingParams field names), skipping
-    values that are absent or null. Like vLLM, do_sample is not read: a recommended temperature
-    applies as given."""
+    """The request defaults a generation config sets; like vLLM, do_sample is not read."""
     return {field: gen[key] for key, field in GENERATION_DEFAULTS.items() if gen.get(key) is not None}
 
 
 def request_defaults(folder: str | Path, setting: str | None) -> tuple[dict, dict]:
-    """(the generation config as honoured, the request defaults it sets), checked: a value a
-    request could not carry is a ValueError naming generation_config, at start-up."""
+    """(the generation config, its request defaults), checked at start-up."""
     from .decoding.params import SamplingParams
     gen = generation_config(folder, setting)
     defaults = sampling_defaults(gen)

@@ -1,23 +1,6 @@
-"""The demo tasks: synthetic chat tasks whose answer the prompt fixes, and their scoring.
-
-They make the two central ideas visible on the small embedded model: parallel decoding (copied
-answers commit many positions per forward) and the confidence threshold as a knob (computed
-answers, sums and sorts, have mid confidences that a lower threshold commits sooner, at a cost in
-exact match). The evaluation set ships as `assets/eval/demo_tasks.jsonl` (written by
-scripts/demo_tasks.py); scripts/eval_demo.py, bench/slo.py, bench/threshold_quality.py and the
-lm-eval task folder `assets/eval/lm_eval/` all read it. Formats (the product's documented tasks):
-
-    copy      Say this line back:\\nNow is the winter of our discontent -> Now is the winter of our discontent
-    reverse   Reverse the list: rose, crown, sword, king -> Reversed: king, sword, crown, rose
-    count     Count from 17 to 24.                  -> 17 18 19 20 21 22 23 24
-    lookup    Hamlet has 30 ducats, Ophelia has 19, Laertes has 24. How many has Ophelia?
-                                                    -> Answer: Ophelia has 19.
-    add       What is 482 + 390?                    -> Sum: 872
-    subtract  What is 731 - 458?                    -> Difference: 273
-    sort      Sort: 42 17 88 56 91 23               -> Sorted: 17 23 42 56 88 91
-
-Pure functions of a `random.Random`; no torch, no files except the shipped JSONL.
-"""
+"""The demo tasks: synthetic chat tasks whose answer the prompt fixes, and their scoring (docs/evaluation.md).
+Copied answers show parallel decoding; computed ones (sums, sorts) the threshold as a knob. Pure functions of
+a `random.Random`; no torch, no files except the shipped JSONL."""
 from __future__ import annotations
 
 import hashlib
@@ -53,22 +36,21 @@ NAMES = (
     "Oberon", "Titania", "Puck", "Hermia", "Helena", "Lysander", "Beatrice", "Benedick", "Falstaff",
 )
 GOODS = ("ducats", "crowns", "roses", "horses", "books", "rings", "coins", "apples", "letters", "swords")
-LINE_WORDS = (4, 14)          # words of a copied line
+LINE_WORDS = (4, 14)
 WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 
 
 @dataclass(frozen=True, slots=True)
 class TaskItem:
     task: str
-    question: str          # the user message
-    answer: str            # the assistant's whole answer
+    question: str
+    answer: str
 
     def to_json(self) -> dict:
         return {"task": self.task, "question": self.question, "answer": self.answer}
 
 
 def normalise(text: str) -> str:
-    """Exact match compares answers after stripping and collapsing whitespace."""
     return " ".join(text.split())
 
 
@@ -81,10 +63,8 @@ def question_key(question: str) -> str:
     return hashlib.sha256(normalise(question).encode()).hexdigest()[:16]
 
 
-# ---------------------------------------------------------------- generators
-
 def copy_lines(texts: Iterable[str]) -> list[str]:
-    """Lines of prose or verse fit to copy: LINE_WORDS words, plain punctuation, no speaker tags."""
+    """Lines fit to copy: LINE_WORDS words, plain punctuation, no speaker tags."""
     out, seen = [], set()
     for text in texts:
         for line in text.split("\n"):
@@ -128,7 +108,6 @@ def make_lookup(rng: random.Random) -> TaskItem:
 
 
 def _operand(rng: random.Random, hi: int) -> int:
-    """2- or 3-digit (40 % / 60 %), at most `hi`."""
     if hi < 100 or rng.random() < 0.4:
         return rng.randint(10, min(99, hi))
     return rng.randint(100, hi)
@@ -172,22 +151,18 @@ def eval_set(seed: int, per_task: int, lines: Sequence[str]) -> list[TaskItem]:
     return out
 
 
-# ---------------------------------------------------------------- the shipped evaluation set
-
 def eval_path() -> Path:
     return Path(str(resources.files("dllm_server") / "assets" / "eval" / EVAL_FILE))
 
 
 def lm_eval_task_dir() -> Path:
-    """The lm-evaluation-harness task folder (`--include_path`): a task per demo task,
-    `dllm_demo_<task>`, and the group `dllm_demo`, all reading the shipped file."""
+    """The lm-evaluation-harness task folder (`--include_path`): group `dllm_demo`, one task per demo task."""
     return Path(str(resources.files("dllm_server") / "assets" / "eval" / "lm_eval"))
 
 
 def load_eval(path: str | Path | None = None, tasks: Sequence[str] | None = None,
               per_task: int | None = None) -> list[TaskItem]:
-    """The evaluation set (default: the shipped file), optionally only `tasks`, the first
-    `per_task` of each."""
+    """The evaluation set (default: the shipped file), optionally only `tasks`, the first `per_task` of each."""
     items = [TaskItem(**json.loads(line)) for line in Path(path or eval_path()).read_text().splitlines() if line]
     if tasks is not None:
         items = [i for i in items if i.task in tasks]

@@ -1,10 +1,8 @@
-"""Device resolution, written once: `auto` means CUDA when available; workers that hand KV over
-need a GPU each. Used by the engine (one device per worker) and the offline LLM."""
+"""Device resolution for the engine and the offline LLM: `auto` means CUDA when available."""
 from __future__ import annotations
 
 
 def resolve_device(name: str) -> str:
-    """`auto` -> "cuda" or "cpu"; an explicit "cuda" without a device is a clear error."""
     import torch
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -16,8 +14,7 @@ def resolve_device(name: str) -> str:
 
 
 def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
-    """Workers that hand KV over (NCCL) need a GPU each: NCCL refuses two ranks on one device.
-    Colocated workers share GPUs round-robin."""
+    """Workers that hand KV over need a GPU each: NCCL refuses two ranks on one device."""
     if placement != "colocated" and num_workers > num_gpus:
         raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker for the NCCL KV "
                          f"handoff ({num_workers} workers, {num_gpus} GPUs); use fewer workers, more GPUs, "
@@ -25,8 +22,7 @@ def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
 
 
 def worker_devices(device: str, placement: str, num_workers: int, tp: int = 1) -> list[tuple[str, ...]]:
-    """The device of every rank of every worker (instance): CUDA devices round-robin, or the CPU
-    for all."""
+    """The device of every rank of every worker: CUDA devices round-robin, or the CPU for all."""
     import torch
     kind = resolve_device(device)
     if kind == "cpu":
@@ -38,7 +34,6 @@ def worker_devices(device: str, placement: str, num_workers: int, tp: int = 1) -
 
 
 def check_tp_gpus(tp: int, num_gpus: int) -> None:
-    """The ranks of one tensor-parallel instance need a GPU each (NCCL refuses two ranks on one)."""
     if tp > num_gpus:
         raise ValueError(f"tensor_parallel_size: {tp} needs {tp} GPUs per instance (one per rank), {num_gpus} "
                          "visible; use a smaller degree or --device cpu")

@@ -1,7 +1,5 @@
-"""Hugging Face model ids -> a local checkpoint folder, through `huggingface_hub` (its cache,
-HF_HOME / HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT and progress bars are the library's
-own). Only the files serving reads are fetched, and config.json first, so a gated, missing or
-non-diffusion repository fails with one clear line before any weights move."""
+"""Hugging Face model ids -> a local checkpoint folder through `huggingface_hub`. config.json is fetched first,
+so a gated, missing or non-diffusion repository fails with one clear line before any weights move."""
 from __future__ import annotations
 
 import json
@@ -13,7 +11,6 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-# What the front process and the workers read: weights, config, tokenizer, templates, defaults.
 SERVING_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                  "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                  "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
@@ -27,10 +24,8 @@ def is_repo_id(model: str) -> bool:
 
 def download(repo_id: str, check_config: Callable[[dict, str], object], revision: str | None = None,
              cache_dir: str | None = None) -> Path:
-    """The snapshot folder of `repo_id` in the Hugging Face cache, fetched if needed (ValueError
-    naming the field on a gated, missing or non-diffusion repository, or offline and not cached).
-    `check_config(config, repo_id)` vets config.json before any weights are fetched (it raises
-    ValueError for a model this server does not run)."""
+    """The snapshot folder of `repo_id` in the HF cache, fetched if needed; ValueError naming the field on failure.
+    `check_config(config, repo_id)` vets config.json before any weights are fetched."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
@@ -49,9 +44,9 @@ def download(repo_id: str, check_config: Callable[[dict, str], object], revision
     except RepositoryNotFoundError:
         raise ValueError(f"model: {repo_id} is neither a local folder nor a repository on the Hugging Face Hub "
                          "(a private one needs HF_TOKEN)") from None
-    except RemoteEntryNotFoundError:       # the repository exists but has no config.json
+    except RemoteEntryNotFoundError:
         raise ValueError(f"model: {where} has no config.json (not a Hugging Face checkpoint)") from None
-    except LocalEntryNotFoundError as exc:     # offline (HF_HUB_OFFLINE) or unreachable, and not cached
+    except LocalEntryNotFoundError as exc:
         raise ValueError(f"model: {where} is not in the Hugging Face cache and the Hub cannot be used "
                          f"({_first_line(exc)})") from None
     except HfHubHTTPError as exc:

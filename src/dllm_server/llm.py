@@ -1,13 +1,5 @@
-"""Offline engine API, like vLLM's `LLM`: the server's Scheduler and one in-process WorkerCore.
-
-    from dllm_server import LLM, SamplingParams
-    llm = LLM(model="path/to/checkpoint")
-    outs = llm.generate(["Hello"], SamplingParams(max_tokens=64))
-
-The Scheduler routes, leases and finishes requests as in the server; the core takes its turns
-through worker/turn.py as a worker process does. Only the transport differs: a list in place of
-a pipe, so offline and served answers agree by construction.
-"""
+"""Offline engine API, like vLLM's `LLM`: the server's Scheduler and one in-process WorkerCore taking turns as a
+worker process does. Only the transport differs (a list for a pipe), so offline and served answers agree."""
 from __future__ import annotations
 
 import itertools
@@ -58,11 +50,11 @@ class LLM:
         self.generation_config, self.sampling_defaults = request_defaults(self.path, self.config.generation_config)
         self.device = torch.device(resolve_device(self.config.device))
         self.core, self.model_info = build_core(self.config.worker_config(hooks), str(self.path), self.device)
-        self.runner = self.core.stepper.runner        # the model and its forward (benchmarks, tests)
+        self.runner = self.core.stepper.runner
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
-        load = WorkerLoadModel(self.config.block_length)       # shared by the policy and the router, as served
+        load = WorkerLoadModel(self.config.block_length)
         self.policy = policy or make_policy(self.config.replace(placement="colocated", num_workers=1), self.path,
                                             load)
         self.scheduler = Scheduler(self.config.replace(placement="colocated", num_workers=1), ["colocated"],
@@ -92,16 +84,13 @@ class LLM:
         return self._run(pairs, sampling_params, use_tqdm)
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """SamplingParams with the model's generation_config.json defaults (vLLM's rule): what a
-        call without sampling_params uses."""
+        """SamplingParams with the model's generation_config.json defaults (vLLM's rule)."""
         return SamplingParams(**self.sampling_defaults)
 
-    # ---- the in-process loop ----
     def _send(self, worker_id: int, msg) -> None:
         self._inbox.append(msg)
 
     def _turn(self) -> None:
-        """One turn of the core (worker/turn.py), its messages back to the scheduler."""
         msgs, self._inbox = self._inbox, []
         t0 = time.perf_counter()
         out, self._iterations = take_turn(self.core, msgs, 0, self._iterations, lambda _: time.perf_counter() - t0)
@@ -122,7 +111,7 @@ class LLM:
             bar = tqdm(total=len(states), desc="generate", unit="req")
         while len(done) < len(states) or self._inbox:
             if not self._inbox and not self.core.has_work:
-                raise RuntimeError("engine stalled with unfinished requests")   # a bug, never expected
+                raise RuntimeError("engine stalled with unfinished requests")
             self._turn()
             if bar is not None:
                 bar.update(len(done) - bar.n)
@@ -131,7 +120,6 @@ class LLM:
         return [done[st.request_id] for st in states]
 
     def _state(self, text: str | None, ids: list[int], params: SamplingParams) -> RequestState:
-        """A validated request (ValueError names the field), as the server builds it."""
         seq = next(self._arrivals)
         resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq),
                                   self.model_info.block_size)

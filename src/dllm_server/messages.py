@@ -1,11 +1,5 @@
-"""Typed messages between the request side (engine / offline LLM) and a worker core.
-
-Plain data: frozen, slotted dataclasses of primitives, int tuples, CPU tensors and the small
-frozen records of config.py and decoding/params.py, so they pickle across torch.multiprocessing
-queues (tests/test_messages.py round-trips every one). Workers report deltas (what one step
-committed), never whole sequences; the only whole-canvas payload is a SubmitBlock, sent when a
-block starts on a worker that does not hold the request's canvas.
-"""
+"""Typed messages between the request side and a worker core: frozen plain data that pickles across process
+queues. Workers report deltas, never whole sequences; the only whole-canvas payload is a SubmitBlock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,28 +10,27 @@ from .config import WorkerPolicy
 from .decoding.params import BlockPolicy, DecodeParams
 
 
-# ---- process set-up ----
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     worker_id: int
-    role: str                 # "colocated" | "prefill" | "decode"
+    role: str
     device: str
     num_threads: int
     model_path: str
     world_size: int           # > 1: join a torch.distributed group for KV transfer
     dist_port: int
-    kv_peers: tuple[int, ...] = ()   # workers this one sends KV to or receives KV from
-    restarts: int = 0         # processes this worker id had before this one (test faults fire in the first)
-    tp_rank: int = 0          # its rank in its tensor-parallel instance (0 leads: the worker the front knows)
+    kv_peers: tuple[int, ...] = ()
+    restarts: int = 0         # earlier processes of this worker id (test faults fire in the first)
+    tp_rank: int = 0          # rank 0 leads: the worker the front knows
     tp_size: int = 1
-    tp_port: int = 0          # the instance's own torch.distributed rendezvous
-    dist_host: str = "127.0.0.1"   # where the KV world's store lives (worker 0's node: the ray backend)
-    tp_host: str = "127.0.0.1"     # where the instance's store lives (its rank 0's node)
+    tp_port: int = 0
+    dist_host: str = "127.0.0.1"   # the KV world's store (worker 0's node); tp_host: the instance's (its rank 0's)
+    tp_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """What the front process needs to know of the model (validation, limits, benchmarks)."""
+    """What the front process needs to know of the model."""
     arch: str
     vocab_size: int
     embedding_size: int
@@ -53,31 +46,26 @@ class ModelInfo:
     block_size: int = 0           # > 0: a block-causal family, decoded on its own blocks of this size
 
 
-# ---- request side -> worker ----
 @dataclass(frozen=True, slots=True)
 class SubmitBlock:
-    """Prefill (block 0) or re-prefill (block k) of one request: the worker runs the full-canvas
-    forward, the block's first commit and then its in-block decode steps."""
+    """Prefill (block 0) or re-prefill (block k) of one request: a full-canvas forward, then the block's steps."""
     request_id: str
     block_index: int
     prompt_len: int
     canvas: torch.Tensor              # int64 [canvas_len], CPU
-    params: DecodeParams              # request-wide: sampler, seed, block width
-    policy: BlockPolicy               # this block's commit rule
+    params: DecodeParams
+    policy: BlockPolicy
     stop_token_ids: tuple[int, ...]
-    arrival_seq: int                  # request arrival order; re-prefills keep their request's
-    step_offset: int = 0              # steps this block already took elsewhere (retry after a failed handoff)
-    handoff: bool = False             # prefill only: the block decodes elsewhere (PrefillDone), not here
-    stream_to: int | None = None      # handoff: send the KV to this decode worker layer by layer during
-                                      # the prefill forward (else it is held until HandoffKV)
-    then: BlockPolicy | None = None   # continue: run the next block here, with this policy (ContinueBlock)
+    arrival_seq: int                  # re-prefills keep their request's
+    step_offset: int = 0              # steps this block already took elsewhere
+    handoff: bool = False             # prefill only: the block decodes elsewhere
+    stream_to: int | None = None      # stream KV to this worker during the prefill (else held until HandoffKV)
+    then: BlockPolicy | None = None   # run the next block here, with this policy
 
 
 @dataclass(frozen=True, slots=True)
 class ContinueBlock:
-    """The router keeps the request here: when block `block_index` ends with more to decode, the
-    worker queues the next block's re-prefill itself, from its own canvas and pages, with policy
-    `then` (None withdraws the lease: the block's end goes back to the router)."""
+    """A lease: when this block ends, the worker queues the next one itself with `then` (None withdraws it)."""
     request_id: str
     block_index: int
     then: BlockPolicy | None
@@ -85,8 +73,7 @@ class ContinueBlock:
 
 @dataclass(frozen=True, slots=True)
 class ReviseBlock:
-    """The decode policy re-decided the commit rule of a block that runs (or waits to run) here:
-    its next forwards use `policy`. Ignored when the request has moved on to another block."""
+    """A new commit rule for a block running or queued here; ignored once the request has moved on."""
     request_id: str
     block_index: int
     policy: BlockPolicy
@@ -94,8 +81,7 @@ class ReviseBlock:
 
 @dataclass(frozen=True, slots=True)
 class Evict:
-    """A regroup drains this worker: give back block `block_index` of the request if it has not
-    started (its full-canvas forward not yet run), so it can run elsewhere (cluster/regroup.py)."""
+    """A regroup drains this worker: give the block back if its full-canvas forward has not run."""
     request_id: str
     block_index: int
 
@@ -108,15 +94,14 @@ class SetPolicy:
 
 @dataclass(frozen=True, slots=True)
 class HandoffKV:
-    """To a prefill worker: send the held KV of `request_id` to `dst_worker` (torch.distributed)."""
+    """To a prefill worker: send the held KV of `request_id` to `dst_worker`."""
     request_id: str
     dst_worker: int
 
 
 @dataclass(frozen=True, slots=True)
 class ReceiveKV:
-    """To a decode worker, relayed from the sender's KVSent: post the receives of that group, in
-    its order. keep[i] False: the request has ended; receive and drop (the sender sends anyway)."""
+    """Relayed KVSent: post that group's receives in its order; keep[i] False receives and drops (request ended)."""
     src_worker: int
     request_ids: tuple[str, ...]
     block_indices: tuple[int, ...]
@@ -128,7 +113,7 @@ class ReceiveKV:
 @dataclass(frozen=True, slots=True)
 class InstallKV:
     """To a decode worker, after ReceiveKV: decode this block once its KV is in."""
-    block: SubmitBlock                # canvas as of the prefill's first commit; step_offset set
+    block: SubmitBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,22 +126,20 @@ class Abort:
     request_id: str
 
 
-# ---- worker -> request side ----
 @dataclass(frozen=True, slots=True)
 class StepDelta:
     request_id: str
     block_index: int
     step: int                         # 0 = the block's prefill forward
-    positions: tuple[int, ...]        # absolute canvas positions committed this step
+    positions: tuple[int, ...]        # absolute canvas positions
     token_ids: tuple[int, ...]
-    num_masked: int                   # masked positions left in the answer after this step
-    features: tuple[float, ...] = ()  # SLO policy / traces: confidence summary of what is still masked
+    num_masked: int                   # left in the answer after this step
+    features: tuple[float, ...] = ()  # confidence summary of what is still masked
 
 
 @dataclass(frozen=True, slots=True)
 class Evicted:
-    """The answer to Evict: `removed` when the block was still waiting (its pages freed, nothing
-    run); otherwise it runs to its end here as usual."""
+    """The answer to Evict: `removed` when the block was still waiting; else it runs to its end here."""
     request_id: str
     block_index: int
     removed: bool
@@ -166,10 +149,10 @@ class Evicted:
 class BlockDone:
     request_id: str
     block_index: int
-    num_steps: int                    # forwards this block took, prefill included
-    is_final: bool                    # the visible answer can no longer change: request done
-    continued: bool = False           # the next block is already queued on this worker (ContinueBlock)
-    policy: BlockPolicy | None = None  # the commit rule this block ran with
+    num_steps: int                    # forwards, prefill included
+    is_final: bool                    # the visible answer can no longer change
+    continued: bool = False           # the next block is already queued on this worker
+    policy: BlockPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +163,8 @@ class RequestFailed:
 
 @dataclass(frozen=True, slots=True)
 class KVSent:
-    """A sender issued one group of KV sends to `dst_worker`: for each layer, for each request in
-    order, K then V (tag = tag_base + 2 * (layer * len(group) + i) + kv). Emitted before the data
-    flows, so the engine can relay it (ReceiveKV) and the receiver posts in the same order: NCCL
-    matches point-to-point operations per pair by order, gloo by tag."""
+    """One group of KV sends (per layer, per request, K then V), emitted before the data flows so the receiver
+    posts in the same order: NCCL matches point-to-point ops per pair by order, gloo by tag."""
     src_worker: int
     dst_worker: int
     request_ids: tuple[str, ...]
@@ -194,7 +175,6 @@ class KVSent:
 
 @dataclass(frozen=True, slots=True)
 class PrefillDone:
-    """A handoff block finished its prefill step (its KV streams or waits for HandoffKV)."""
     request_id: str
     block_index: int
     num_steps: int
@@ -202,8 +182,7 @@ class PrefillDone:
 
 @dataclass(frozen=True, slots=True)
 class HandoffDone:
-    """Sent by both ends of a transfer. ok=False on the receiver means its pages were short
-    (the data was drained); the engine then falls back to a re-prefill."""
+    """From both ends of a transfer; ok=False from the receiver (pages short) makes the engine re-prefill."""
     request_id: str
     block_index: int
     worker_id: int
@@ -215,38 +194,36 @@ class HandoffDone:
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """One per loop turn that did something: the worker's load and its last iteration."""
+    """One per loop turn that did something: the worker's load and its last iteration (seconds, tokens)."""
     worker_id: int
     outstanding_prefill_tokens: int
     num_active_decodes: int
     free_pages: int                   # free, or cached and unreferenced (reclaimed on demand)
     deficit_tokens: int
-    iteration_tokens: int             # tokens the last iteration fed (prefill + decode)
+    iteration_tokens: int             # prefill + decode
     num_iterations: int
-    iteration_s: float = 0.0          # last iteration, whole loop turn (inbox, step, outbox)
-    forward_s: float = 0.0            # of which the model forward
-    prefill_tokens: int = 0           # of iteration_tokens: full-canvas forwards admitted
+    iteration_s: float = 0.0          # the whole loop turn (inbox, step, outbox)
+    forward_s: float = 0.0
+    prefill_tokens: int = 0
     num_prefills: int = 0
-    policy: WorkerPolicy | None = None   # in effect for that iteration
-    decode_keys: int = 0              # key positions the iteration's decodes attended to
-    prefill_sq: int = 0               # sum of its prefills' squared canvas lengths (attention cost)
-    busy: bool = False                # work left after this turn: another report follows (the watchdog)
-    messages_handled: int = 0         # inbox messages handled since the worker started (the watchdog)
-    prefix_cache: tuple[int, int, int, int] | None = None   # block-causal prefix cache since start: hit
-    #                                   tokens, looked-up tokens, pages cached now, pages evicted
+    policy: WorkerPolicy | None = None
+    decode_keys: int = 0
+    prefill_sq: int = 0               # sum of squared prefill canvas lengths (attention cost)
+    busy: bool = False                # another report follows (the watchdog)
+    messages_handled: int = 0
+    prefix_cache: tuple[int, int, int, int] | None = None   # (hit, looked-up tokens, pages cached, evicted)
 
 
 @dataclass(frozen=True, slots=True)
 class RowInvariance:
-    """The worker's batch-invariance self-check (worker/determinism.py): whether its projections'
-    rows are bitwise independent of the call's row count, at the row counts it runs."""
+    """The worker's self-check that its projections' rows are bitwise independent of the batch's row count."""
     holds: bool
-    row_counts: tuple[int, ...]          # checked
+    row_counts: tuple[int, ...]
     shapes: tuple[tuple[int, int], ...]  # projection (in, out) shapes checked
-    failures: tuple[str, ...]            # the first few, "in->out: r of n rows"
+    failures: tuple[str, ...]
     num_failures: int
     seconds: float
-    fixed_rows: int = 0                  # ServerConfig.fixed_matmul_rows in force (0: off)
+    fixed_rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,11 +232,10 @@ class WorkerReady:
     num_pages: int
     page_size: int
     model: ModelInfo
-    profile: tuple[tuple[float, ...], ...] = ()   # start-up iterations: (decode_tokens, decode_keys,
-                                                  # prefill_tokens, prefill_sq, seconds)
+    profile: tuple[tuple[float, ...], ...] = ()   # (decode_tokens, decode_keys, prefill_tokens, prefill_sq, s)
     row_invariance: RowInvariance | None = None
-    tp_size: int = 1                      # ranks of this instance
-    rank_rss_mb: tuple[float, ...] = ()   # each rank's resident memory after loading its weights
+    tp_size: int = 1
+    rank_rss_mb: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,5 @@
-"""Starting `dllm-server serve` as a subprocess on a free loopback port and waiting for /health:
-the one helper tests, benchmarks and scripts share (the engine uses `free_port` for its
-torch.distributed rendezvous)."""
+"""`dllm-server serve` as a subprocess on a free loopback port, waited for on /health: shared by tests,
+benchmarks and scripts."""
 from __future__ import annotations
 
 import os
@@ -34,8 +33,7 @@ class ServerProcess:
             return f.read()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Signal the server and wait for it, then SIGKILL whatever is left of its session (a
-        server that did not exit in time, or a worker it left behind: nothing may keep a GPU)."""
+        """Signal the server and wait, then SIGKILL whatever is left of its session: nothing may keep a GPU."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -55,8 +53,7 @@ class ServerProcess:
 
 def serve(model: str | Path | None, *flags: str, log_path: str | Path, env: dict | None = None, wait: bool = True,
           timeout_s: float = 120) -> ServerProcess:
-    """`dllm-server serve [model] --port <free> *flags`, output to `log_path`, in its own session
-    (so a stop can take the whole process group)."""
+    """`dllm-server serve [model] --port <free> *flags` in its own session, so a stop takes the whole group."""
     port = free_port()
     cmd = [sys.executable, "-m", "dllm_server.cli", "serve", *([str(model)] if model else []), "--port", str(port),
            *flags]
@@ -74,8 +71,7 @@ def serve(model: str | Path | None, *flags: str, log_path: str | Path, env: dict
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 120) -> None:
-    """Poll /health (never through a proxy from the environment) until 200; RuntimeError if the
-    server exits, TimeoutError after `timeout_s`, each with the tail of its log."""
+    """Poll /health (never through an environment proxy) until 200; errors carry the tail of the log."""
     import httpx
     deadline = time.monotonic() + timeout_s
     with httpx.Client(trust_env=False) as client:

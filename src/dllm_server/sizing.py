@@ -1,10 +1,6 @@
-"""The capacity planner behind `dllm-server plan`: for a workload, a device profile, a worker count
-and an SLO, simulate candidate configurations (placements, prefill:decode splits, token budgets,
-and with `--tensor-parallel` colocated layouts of N x TPd instances on the same GPUs) and rank them
-by capacity at the SLO: the highest Poisson rate whose simulated latency meets it
-(loadgen.capacity's search: double, then bisect). Every number is simulated: the cost model's
-assumptions travel with the result (`describe`); a TP candidate's instances are costed by the same
-model at degree d (costmodel/gpu.py `tp`), each its own pool."""
+"""The capacity planner behind `dllm-server plan`: simulate candidate configurations for a workload, device and
+SLO and rank them by the highest Poisson rate that meets it. Every number is simulated; the cost model's
+assumptions travel with the result (`describe`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +25,7 @@ class Candidate:
 
 
 def make_behaviour(spec: tuple):
-    """("parametric", model, seed) or ("replay", rows, seed): a fresh behaviour model per run (specs
-    pickle, so candidates can be simulated in parallel processes)."""
+    """A fresh behaviour model per run from a picklable spec, so candidates can run in parallel processes."""
     kind, arg, seed = spec
     return ParametricBehaviour(arg, seed) if kind == "parametric" else ReplayBehaviour(arg, seed)
 
@@ -42,7 +37,7 @@ class Setup:
     logit_shift: int
     cost: object
     behaviour: tuple                   # make_behaviour's spec
-    requests: list                     # the workload at some rate; rescaled per probe
+    requests: list                     # rescaled per probe
     base: ServerConfig
     slo_metric: str = "p99"
     slo_s: float = 10.0
@@ -66,9 +61,7 @@ def candidates(num_workers: int, taus=(256, 1024, 4096, None), theta: int = 8192
 
 
 def tp_candidates(num_workers: int, degrees, heads: int, kv_heads: int, taus=(1024,)) -> tuple[list[Candidate], list[str]]:
-    """Colocated "N x TPd" at each tau for every degree d > 1 that divides the model's heads and KV
-    heads and fits the GPUs (N = num_workers // d; TP1 is the colocated candidates already);
-    returns (candidates, why each degree asked and left out was)."""
+    """Colocated "N x TPd" candidates for every degree d > 1 that divides the heads and fits; (candidates, skipped)."""
     out, skipped = [], []
     for d in sorted(set(degrees)):
         if d <= 1:
@@ -88,7 +81,6 @@ def tp_candidates(num_workers: int, degrees, heads: int, kv_heads: int, taus=(10
 
 
 def instance_cost(setup: Setup, degree: int):
-    """The cost model of one instance of `degree` GPUs: the setup's, at that degree."""
     if degree == 1:
         return setup.cost
     if not hasattr(setup.cost, "tp"):
@@ -100,7 +92,7 @@ def simulate(setup: Setup, changes: dict, rate: float) -> dict:
     cfg = setup.base.replace(**changes)
     degree = cfg.tensor_parallel_size
     costs = None
-    if degree > 1:       # every instance costed at its degree, its pool from that cost
+    if degree > 1:
         costs = [instance_cost(setup, degree)] * cfg.num_workers
     sim = Simulator(cfg, setup.cost if costs is None else None, make_behaviour(setup.behaviour), setup.model_info,
                     logit_shift=setup.logit_shift, costs=costs)
@@ -112,8 +104,7 @@ def meets(setup: Setup, s: dict) -> bool:
 
 
 def capacity(setup: Setup, changes: dict, start_rate: float = 1.0, tolerance: float = 0.05) -> dict:
-    """The capacity search for one candidate; the result at the capacity (None when even the lowest
-    rate probed misses the SLO)."""
+    """One candidate's capacity search; the result at its capacity (None if even the lowest rate misses)."""
     def measure(rate):
         return simulate(setup, changes, rate)
     found = find_capacity_sync(measure, lambda s: meets(setup, s), start_rate=start_rate, tolerance=tolerance,
@@ -194,9 +185,7 @@ def build_setup(model: str, device: str, workload: str | None, trace: str | None
                 threshold: float = 0.9, max_tokens: int | None = None, gpu_bench: str | None = None,
                 calibration: str | None = None, replay: str | None = None, seed: int = 0,
                 num_workers: int = 1) -> Setup:
-    """Profiles by name: device "h100" | "h200" with model "llada-8b" | "dream-7b" (roofline, or
-    fitted to a bench/gpu.py JSON with `gpu_bench`), or device "cpu" with a calibration file (the
-    model is then the one calibrated)."""
+    """Profiles by name: a GPU device with a roofline (or `gpu_bench`-fitted) model, or "cpu" with a calibration."""
     from .costmodel.gpu import MODELS, from_gpu_bench, gpu_cost
     if slo_metric not in SLO_METRICS:
         raise ValueError(f"slo_metric: one of {SLO_METRICS}, got {slo_metric!r}")

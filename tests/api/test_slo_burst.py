@@ -13,15 +13,13 @@ forwards at 0.9 and 31 at 0.5), the policy must gain the issue's 30 points over 
 burst there is bound by the lease round trip at every block boundary, and a lower threshold made
 it slower, 0.585 s against 0.475 s at fixed 0.5 vs 0.9 for 21 % fewer forwards; see docs/slo.md.)"""
 import asyncio
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from .conftest import start_server
+from bench.slo_burst import burst, burst_requests, summarise
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from slo_burst import burst, burst_requests, summarise  # noqa: E402
+from .conftest import start_server
 
 
 ROUNDS = 3

@@ -4,19 +4,14 @@ request in the middle shifts no later pair and counts as wrong (and apart); a ru
 file is scored over its own requests; demo-task items by exact match, GSM8K-style ones by their
 last number; the demo set mixed with the chat prompts; forwards per answer from the server's
 counters."""
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import quality as Q  # noqa: E402
-import slo as S  # noqa: E402
-import threshold_quality as T  # noqa: E402
-
-from dllm_server.demo_tasks import TASKS  # noqa: E402
+from bench import quality as Q
+from bench import slo as S
+from bench import threshold_quality as T
+from dllm_server.demo_tasks import TASKS
 
 GSM = [{"question": f"q{i}", "answer": f"so the answer is {i}"} for i in range(5)]
 DEMO = [{"task": "add", "question": "What is 1 + 2?", "answer": "Sum: 3"},

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "gpu.py"
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 
 
 def run_bench(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bench.gpu", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -106,9 +105,8 @@ def test_flashinfer_phase_helpers_on_cpu():
     """What the GPU-only FlashInfer phase runs around FlashInfer itself: the padded (graph path)
     metadata builder against paged SDPA, and the end-to-end backend comparison with SDPA on both
     sides (its pools, gathered pages, decode batch and timing code)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_flashinfer as FI
-    import gpu_parts as P
+    from bench import gpu_flashinfer as FI
+    from bench import gpu_parts as P
     from dllm_server.model.attention import AttentionBatch, SeqSpan, padded_attention, sdpa_attention
     from dllm_server.worker.kv_pool import KVPool
 

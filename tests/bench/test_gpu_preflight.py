@@ -13,24 +13,24 @@ import httpx
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import gpu_capacity as C  # noqa: E402
-import gpu_env as E  # noqa: E402
-import gpu_flashinfer as FI  # noqa: E402
-import gpu_parts as P  # noqa: E402
+from bench import gpu_capacity as C
+from bench import gpu_env as E
+from bench import gpu_flashinfer as FI
+from bench import gpu_parts as P
+from dllm_server.worker.cuda_graph import DecodeGraphs
+from dllm_server.worker.kv_pool import KVPool
+from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range
 
-from dllm_server.worker.cuda_graph import DecodeGraphs  # noqa: E402
-from dllm_server.worker.kv_pool import KVPool  # noqa: E402
-from dllm_server.worker.runner import ForwardItem, ModelRunner, fed_range  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CPU = torch.device("cpu")
 
 
 def bench(args: list[str], timeout: float, prelude: str = "") -> subprocess.CompletedProcess:
-    """bench/gpu.py in a child, optionally after `prelude` (e.g. breaking one of its parts)."""
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); sys.argv = ['gpu.py'] + {args!r}\n"
-            f"import gpu\n{prelude}\nsys.exit(gpu.main())")
+    """bench/gpu.py in a child run from the repository root, optionally after `prelude` (e.g. breaking
+    one of its parts)."""
+    code = (f"import sys; sys.argv = ['gpu.py'] + {args!r}\n"
+            f"import bench.gpu as gpu\n{prelude}\nsys.exit(gpu.main())")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
@@ -193,7 +193,7 @@ def test_flashinfer_phase_reports_its_absence_without_a_child(tmp_path, monkeypa
     def no_child(*a, **k):
         raise AssertionError("spawned a child")
     monkeypatch.setattr(FI.subprocess, "Popen", no_child)
-    args = (Path("gpu.py"), tmp_path / "x.json")
+    args = ("bench.gpu", tmp_path / "x.json")
     assert "CUDA" in FI.run_child(*args, CPU, torch.float32, 0, True, None, 10)["skipped"]
     monkeypatch.setattr(FI.importlib.util, "find_spec", lambda name: None)
     r = FI.run_child(*args, torch.device("cuda"), torch.bfloat16, 0, False, None, 10)
@@ -208,7 +208,7 @@ def test_env_checks_flag_old_anyio_and_pydantic():
 
 
 def test_env_record_lists_the_serving_stack_and_free_space():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_env.py")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_env"], capture_output=True, text=True, cwd=ROOT,
                           timeout=120, env={"PATH": "/usr/bin:/bin", "NO_PROXY": "127.0.0.1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("anyio==", "starlette==", "pydantic==", "uvicorn==", "httpx==", "torch==", "dllm-server=="):

@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_handoff_bench_runs_both_modes(tiny_llada):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "handoff.py"), "--model", tiny_llada,
+    proc = subprocess.run([sys.executable, "-m", "bench.handoff", "--model", tiny_llada,
                            "--requests", "4", "--rate", "8", "--rounds", "1"], cwd=ROOT, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

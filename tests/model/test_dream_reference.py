@@ -24,7 +24,7 @@ BLOCK, ANSWER = 8, 24
 def _generate(path, cache, threshold, decoding, causal=False):
     # float64 (RMSNorm in float32), so the paged cache and the oracle's dense one agree to ~1e-6
     llm = LLM(path, cache=cache, block_length=BLOCK, dtype="float64", page_size=4, dream_decoding=decoding,
-              causal=causal)
+              hooks=TestHooks(causal=causal))
     params = SamplingParams(max_tokens=ANSWER, threshold=threshold, ignore_eos=True)
     return llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
 

@@ -3,18 +3,15 @@ the heap trimmed when the worker goes idle."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-from dllm_server.config import ServerConfig
-from dllm_server.worker.memory import KERNEL_CACHE_ENV, IdleTrim, bound_kernel_caches
 
 # bf16 matmuls of 600 distinct token counts, as a worker's packed batches of mixed traffic are:
 # the benchmark's own script (bench/worker_memory.py), which prints the RSS growth after the first
 # 150 (when a bounded cache is full).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from worker_memory import MATMULS  # noqa: E402
+from bench.worker_memory import MATMULS
+from dllm_server.config import ServerConfig
+from dllm_server.worker.memory import KERNEL_CACHE_ENV, IdleTrim, bound_kernel_caches
 
 
 def growth_mb(entries: int) -> float:

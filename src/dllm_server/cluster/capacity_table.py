@@ -1,40 +1,5 @@
-"""The cluster planner's input (DiLaServe, shared/reference/cluster_level.md 4.2): C[d, tau], the
-request rate ONE instance of tensor-parallel degree d sustains at threshold tau with every request
-within the SLO, for instances that run now and for degrees that do not exist yet.
-
-A request at tau_j runs F_j = K_j + R forwards: R recompute steps (a full-canvas forward, one per
-block: the prefill and each re-prefill) and K_j cache steps (its block against cached K/V). With
-n requests seated, an iteration feeds n decode rows (their blocks against n x canvas keys) plus,
-on average, s = n R / F_j recompute steps (the share of the seated requests' forwards that are
-full-canvas ones), each a canvas of c tokens (c and c^2 for attention). Every iteration advances
-each seated request by one forward, so a request is done in F_j iterations:
-
-    t_d(n)  = iteration time at degree d with n decode rows, n c keys and s canvases of c tokens
-    C[d,j]  = max over 1 <= n <= seats_d with F_j t_d(n) <= slo_s of n / (F_j t_d(n))
-              (0 when even n = 1 misses the SLO)
-
-The worker's deficit token budget (worker/admission.py) bounds the recompute tokens an iteration
-can take: on average at most max(tau_budget - n x row_tokens, credit_share x tau_budget), the
-credit the decodes leave (unused credit carries over, so this holds on average, not per
-iteration). A batch whose re-prefills need more, n R c / F_j > that, is not sustainable: its
-requests would wait for their re-prefills rather than step every iteration, so it is left out
-(`token_budget`; None: unlimited, as the admission). Without this bound the table priced batches
-of 48-64 requests at TP1 where the budget (1024 tokens, ~1800-token canvases) sustains 5, and
-came out 1.3-1.5x what the simulator completes (docs/simulation.md; measured before the bound).
-
-`canvas_tokens` is the canvas of a seated request, i.e. the mean canvas weighted by forwards
-(long requests are seated longer): E[F c] / E[F], which is what the mean over the requests live
-at any instant estimates. The plain mean per request underprices a heavy-tailed mix (ShareGPT-
-like lengths: 1453 tokens per request, 1779 per seated request).
-
-A fractional s is priced as the mix of iterations with floor(s) and ceil(s) canvases (for a linear
-step-time model that is exactly the model at s; for the roofline it keeps launch floors honest).
-Counting every seated request as a decode row, even on its recompute step, overstates an
-iteration by at most s rows: conservative. `iteration_s(degree, decode_rows, decode_keys,
-prefill_tokens, prefill_sq) -> seconds` is a callable, backed by a live instance's fitted
-StepTimeModel (`from_step_time_model`) or by the simulator's roofline at degree d
-(`from_roofline`, duck-typed: policy/ never imports sim/). Pure functions.
-"""
+"""The cluster planner's input C[d, tau]: req/s ONE instance of TP degree d sustains at threshold tau within the
+SLO, for running and unstarted degrees. Formula and bounds: docs/reconfiguration.md "The capacity table"."""
 from __future__ import annotations
 
 import math
@@ -50,8 +15,7 @@ IterationTime = Callable[[int, int, float, float, float], float]   # (d, rows, k
 
 def iteration_at(iteration_s: IterationTime, degree: int, batch: int, recompute_steps: float,
                  canvas_tokens: int) -> float:
-    """t_d(n): `batch` decode rows over their canvases plus `recompute_steps` (on average, maybe
-    fractional) full-canvas forwards in one iteration."""
+    """t_d(n) in seconds; a fractional `recompute_steps` is priced as the mix of its floor and ceil."""
     low = math.floor(recompute_steps)
     frac = recompute_steps - low
     keys = batch * canvas_tokens
@@ -63,8 +27,7 @@ def iteration_at(iteration_s: IterationTime, degree: int, batch: int, recompute_
 
 
 def recompute_allowance(batch: int, token_budget: int | None, credit_share: float, row_tokens: int) -> float:
-    """The recompute tokens per iteration the deficit budget admits on average beside `batch`
-    decode rows of `row_tokens` each (worker/admission.py: the credit earned per iteration)."""
+    """Recompute tokens per iteration the deficit budget (worker/admission.py) admits on average."""
     if token_budget is None:
         return float("inf")
     return float(max(token_budget - batch * row_tokens, max(1, int(token_budget * credit_share))))
@@ -74,9 +37,7 @@ def instance_capacity(iteration_s: IterationTime, degree: int, forwards_per_requ
                       recomputes_per_request: float, canvas_tokens: int, slo_s: float,
                       seats: int, *, token_budget: int | None = None, credit_share: float = 0.125,
                       row_tokens: int = 0) -> tuple[float, int]:
-    """(C[d, j] in req/s, the batch that reaches it; 0 when none fits the SLO). Every batch size is
-    tried: with recompute steps the best need not be the largest batch that fits; batches whose
-    re-prefills the token budget cannot feed are not sustainable and are skipped."""
+    """(C[d, j] in req/s, its batch); every batch is tried: with recomputes the best need not be the largest."""
     if forwards_per_request < max(1.0, recomputes_per_request):
         raise ValueError(f"forwards_per_request {forwards_per_request} < recomputes_per_request "
                          f"{recomputes_per_request} (or < 1)")
@@ -87,7 +48,7 @@ def instance_capacity(iteration_s: IterationTime, degree: int, forwards_per_requ
             break                         # the allowance only shrinks and the need only grows with n
         t = iteration_at(iteration_s, degree, n, share, canvas_tokens)
         if t <= 0:
-            continue                      # no model there yet: nothing is known about this batch
+            continue
         latency_s = forwards_per_request * t
         if latency_s > slo_s:
             continue                      # t need not grow with n (a roofline's floors): try the rest
@@ -101,11 +62,7 @@ def capacity_table(degrees: Sequence[int], thresholds: Sequence[float], iteratio
                    canvas_tokens: int, slo_s: float, seats: int | Mapping[int, int], *,
                    token_budget: int | None = None, credit_share: float = 0.125,
                    row_tokens: int = 0) -> dict[tuple[int, float], float]:
-    """{(degree, threshold): req/s one instance sustains within `slo_s`} (formula in the module
-    docstring). forwards_per_request[j] = F_j at thresholds[j]; recomputes_per_request = R (one
-    for all thresholds, or one per threshold); seats: one for all degrees or {degree: seats_d}
-    (min(max_active_decodes, pool tokens / canvas), `roofline_seats`); token_budget, credit_share:
-    the workers' admission policy, row_tokens: the tokens a decode row feeds (its block)."""
+    """{(degree, threshold): req/s one instance sustains within `slo_s`}."""
     if len(forwards_per_request) != len(thresholds):
         raise ValueError(f"{len(forwards_per_request)} forwards_per_request for {len(thresholds)} thresholds")
     recomputes = np.broadcast_to(np.asarray(recomputes_per_request, dtype=float), (len(thresholds),))
@@ -120,8 +77,7 @@ def capacity_table(degrees: Sequence[int], thresholds: Sequence[float], iteratio
 
 
 def from_step_time_model(models: StepTimeModel | Mapping[int, StepTimeModel], block_length: int) -> IterationTime:
-    """iteration_s from fitted step-time models: one for every degree asked, or {degree: model}
-    (a live instance's model per degree). An unfitted model predicts 0: that batch is skipped."""
+    """iteration_s from fitted step-time models (one for all degrees, or {degree: model}); unfitted predicts 0."""
     def iteration_s(degree: int, decode_rows: int, decode_keys: float, prefill_tokens: float,
                     prefill_sq: float) -> float:
         model = models if isinstance(models, StepTimeModel) else models[degree]
@@ -131,8 +87,6 @@ def from_step_time_model(models: StepTimeModel | Mapping[int, StepTimeModel], bl
 
 @dataclass(frozen=True, slots=True)
 class _Fed:
-    """What a cost model's `turn_s` reads of an iteration (worker/core.py: IterationStats's fields,
-    without importing the worker)."""
     prefill_tokens: int
     decode_tokens: int
     decode_keys: int
@@ -142,8 +96,7 @@ class _Fed:
 
 
 def from_roofline(cost_by_degree: Mapping[int, object]) -> IterationTime:
-    """iteration_s from cost models per degree (costmodel/gpu.py: gpu_cost(model, device, tp=d)):
-    the whole turn (forward plus host work), each decode row feeding the cost's block."""
+    """iteration_s from roofline cost models per degree (costmodel/gpu.py), duck-typed: the whole turn."""
     def iteration_s(degree: int, decode_rows: int, decode_keys: float, prefill_tokens: float,
                     prefill_sq: float) -> float:
         cost = cost_by_degree[degree]

@@ -1,5 +1,4 @@
-"""Layouts of model instances over the devices (which devices form each instance) and how one
-layout changes into another: which instances stop and start, in which waves."""
+"""Layouts of model instances over the devices and how one changes into another: what stops and starts, in waves."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,14 +8,12 @@ from typing import Sequence
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """A layout: the devices (indices into the engine's device list) of every instance slot, in
-    worker-id order; an empty tuple is a slot with no instance."""
+    """Device indices of every instance slot, in worker-id order; an empty tuple is a slot with no instance."""
     instances: tuple[tuple[int, ...], ...]
 
     @classmethod
     def of_degrees(cls, degrees: list[int]) -> "Layout":
-        """Instances of these degrees over the devices in order (aligned: a degree-d instance
-        starts at a multiple of d when the degrees are sorted largest first)."""
+        """Instances of these degrees over the devices in order (aligned when sorted largest first)."""
         out, at = [], 0
         for d in degrees:
             out.append(tuple(range(at, at + d)))
@@ -32,9 +29,7 @@ class Layout:
 
 
 def changes(current: Layout, target: Layout) -> tuple[set[int], dict[int, tuple[int, ...]]]:
-    """(slots whose instance stops, slot -> devices of each instance that starts). A slot keeps
-    its instance when its devices are the same; the target's other instances go to the slots
-    freed (or new ones), in order."""
+    """(slots that stop, slot -> devices of each instance that starts); a slot with the same devices is kept."""
     keep = {w for w, devs in enumerate(current.instances) if devs and devs in target.instances}
     stop = {w for w, devs in enumerate(current.instances) if devs and w not in keep}
     kept_devices = {current.instances[w] for w in keep}
@@ -46,13 +41,8 @@ def changes(current: Layout, target: Layout) -> tuple[set[int], dict[int, tuple[
 
 def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]],
                max_devices: int | None = None) -> list[tuple[set[int], dict[int, tuple[int, ...]]]]:
-    """A regroup in waves: [(slots that stop, slot -> devices of each instance that starts)], each
-    wave out of service while the previous ones' new instances serve. The unit is a group: a new
-    instance with every old one it takes devices from, transitively (they cannot move apart);
-    groups go in device order into waves of at most `max_devices` devices (None: one wave; a
-    group larger than that is a wave of its own). Each wave's new instances take its own stopped
-    slots first, then slots that had no instance, then slots past the layout, in order, so no
-    new instance waits for a slot a later wave frees. One wave gives `changes`' slots."""
+    """A regroup in waves of at most `max_devices` devices; a new instance and every old one it takes devices from
+    share a wave, whose new instances take only its own or unused slots (none waits for a later wave)."""
     owner = {g: w for w in stop for g in current.instances[w]}
     groups: list[tuple[set[int], list[tuple[int, ...]]]] = []
     for devs in (start[w] for w in sorted(start)):
@@ -77,7 +67,7 @@ def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]
         waves[-1][0].update(g[0])
         waves[-1][1].extend(g[1])
         size += n
-    free = [w for w, devs in enumerate(current.instances) if not devs]       # slots with no instance
+    free = [w for w, devs in enumerate(current.instances) if not devs]
     fresh, rank = len(current.instances), {start[w]: k for k, w in enumerate(sorted(start))}
     out = []
     for olds, news in waves:
@@ -91,10 +81,7 @@ def plan_waves(current: Layout, stop: set[int], start: dict[int, tuple[int, ...]
 
 
 def plan_layout(current: Layout, degrees: Sequence[int], requests, gpus_per_node: int) -> Layout:
-    """Stage 2 (cluster/transition.py): which devices form the instances of these degrees, keeping
-    the current instances worth most (their devices plus the scheduler's `requests` seated in each
-    slot, beta-weighted) in aligned slots inside nodes of `gpus_per_node`. Falls back to the
-    degrees packed in order (largest first) when the layout does not split into such nodes."""
+    """Stage 2: place these degrees keeping the current instances worth most (else packed in order)."""
     from .transition import plan_transition, slot_of
     n = current.num_devices
     counts = Counter(degrees)

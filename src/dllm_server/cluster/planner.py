@@ -1,24 +1,5 @@
-"""The periodic cluster planner of the front (`--reconfigure`, DiLaServe's two-stage ILP, live):
-every `reconfigure_period_s` it forecasts the arrival rate, builds the capacity table from the
-live instances' step-time models, solves stage 1 (cluster/layout_ilp.py) for the layout that
-maximises the mean threshold, compares it with the current layout's own value (hysteresis:
-policy/planner.should_regroup, so a steady load never regroups), and returns the degrees to
-regroup into, or None. Bursts shorter than a period are load control's (policy/slo.py).
-
-Degrees no instance runs yet are priced from a measured model scaled by a sub-linear speed-up,
-a named prior (`tp_speedup`: Amdahl's law with the share `reconfigure_prior_serial_share` of a
-degree-1 step that TP does not shorten: all-reduces, the replicated head and sampling, the host;
-the linear 1/d of the first version priced TP8 at 1.8x what it measured in the simulator). A
-degree measured once is priced by its own model from then on: PlannerState keeps the latest
-fitted model of every degree that ran. Every decision, taken or not, is logged and kept for
-/metrics.
-
-The table's inputs, from the policy: forwards per request at each threshold from the blocks that
-ran at it (`planning_forwards`), the canvas of a seated request (SLOPolicy.seated_canvas: finished requests'
-canvases weighted by their forwards, as the table wants; the live requests' mean before any finished), the mean SLO (paired with the mean request's forwards: with SLOs that grow with a
-request's length, the median SLO against the mean forwards would undercount the budget), and the
-workers' token budget (it bounds the re-prefills an iteration takes).
-"""
+"""The front's periodic cluster planner (docs/reconfiguration.md "The planner loop"): the degrees to regroup into,
+or None; unmeasured degrees are priced by a named prior (`tp_speedup`)."""
 from __future__ import annotations
 
 import logging
@@ -48,22 +29,18 @@ class PlannerState:
     last_change_s: float | None = None
     decisions: int = 0
     regroups: int = 0
-    last: dict = field(default_factory=dict)      # the latest decision, for /metrics and logs
-    measured: dict = field(default_factory=dict)  # degree -> the latest fitted step-time model of one that ran
+    last: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)  # degree -> latest fitted model, so a degree that ran keeps its own
 
 
 def tp_speedup(degree: int, serial_share: float) -> float:
-    """The prior's step-time speed-up of degree d over degree 1: 1 / (s + (1 - s) / d) (Amdahl, s
-    the share of a step TP does not shorten; s = 0 is the linear d)."""
+    """The prior's speed-up of degree d over 1 (Amdahl; s is the share of a step TP does not shorten)."""
     return 1.0 / (serial_share + (1.0 - serial_share) / degree)
 
 
 def degree_models(load, instances: dict[int, int], degrees: list[int],
                   measured: dict[int, object] | None = None, serial_share: float = 0.0) -> dict[int, object] | None:
-    """{degree: step-time model}: a live instance's own where one runs that degree, else the one
-    last measured at that degree (`measured`, updated here), else the prior: the degree-1 model
-    (measured, or the lowest measured degree's scaled to degree 1) sped up by tp_speedup(d,
-    serial_share). None before any instance has a fitted model."""
+    """{degree: step-time model}: live, else last measured, else the prior; None before any model is fitted."""
     live = {d: load.models[w] for w, d in sorted(instances.items()) if w in load.models and load.models[w].ready}
     if measured is not None:
         measured.update(live)
@@ -77,10 +54,7 @@ def degree_models(load, instances: dict[int, int], degrees: list[int],
 
 def planning_forwards(taus: list[float], new_work, block_forwards: dict[float, float],
                       blocks: float) -> list[float]:
-    """F_j for each threshold: `blocks` x the forwards a block took at tau_j where finished
-    blocks ran at it (SLOPolicy.block_forwards), else the admission estimate (`new_work`, which
-    the fallback estimator prices alike at every threshold), kept between the observed values (a
-    lower threshold never needs more forwards than a higher one); at least one per block."""
+    """F_j per threshold: observed where blocks ran at tau_j, else the estimate clamped monotone between them."""
     obs = {t: blocks * block_forwards[t] for t in taus if t in block_forwards}
     out = []
     for t, w in zip(taus, new_work):
@@ -105,6 +79,7 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
         state.last = {"regroup": False, "why": "no measured instance, admitted request or arrival yet"}
         return None
     rate = forecast_rate(arrivals, now, config.reconfigure_period_s)
+    # the mean SLO pairs with the mean request's forwards; a median would undercount length-scaled SLOs
     slo_s = float(np.mean(policy.budgets)) if policy.budgets else (config.default_slo_ms or 10_000.0) / 1e3
     blocks = max(1.0, policy.blocks_per_request)
     seated = getattr(policy, "seated_canvas", None)

@@ -1,12 +1,5 @@
-"""Live regrouping of model instances (DiLaServe's reconfiguration), and the one driver of it that
-the server (wall clock, processes) and the simulator (virtual clock, simulated workers) both run.
-
-Requests move between instances only at recompute steps: a block's full-canvas forward can run
-anywhere from the front's copy of the canvas, so no KV moves. A drain takes the instance out of
-routing, withdraws its leases, takes back its blocks that have not started (Evict) and lets the
-running ones finish their block; then its processes stop and the new instances start in its
-devices, each routed to once it reports ready.
-"""
+"""Live regrouping of model instances, one driver for the server and the simulator. Requests move between instances
+only at recompute steps (from the front's copy of the canvas), so no KV moves; a drain finishes started blocks."""
 from __future__ import annotations
 
 import itertools
@@ -25,8 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
-    """(worker, message) to send when `wids` start draining: every lease there withdrawn, every
-    block there asked back (the worker gives back only those that have not started)."""
+    """(worker, message) pairs that start draining `wids`: leases withdrawn, unstarted blocks asked back."""
     out = []
     for e in requests:
         w = e.worker
@@ -41,20 +33,12 @@ def drain_messages(wids: set[int], requests) -> list[tuple[int, object]]:
 
 
 def is_drained(wid: int, requests) -> bool:
-    """No request's current block lives on the instance any more."""
     return all(e.worker != wid for e in requests)
 
 
 @dataclass
 class Regroup:
-    """One regroup in progress, from `current` to `target` (front side, clock-free: every method
-    takes `now`). `stop`: slots whose instance drains and stops; `start`: slot -> devices of each
-    new instance. It runs in `waves` (plan_waves: the stopping slots of each, their new
-    instances in `start`); only the current wave drains. The driver sends `begin`'s messages,
-    calls `poll_drained` as messages arrive, stops each instance it returns (then `retired`),
-    starts each slot `launchable` returns (after `launching`), sends `next_wave`'s messages (the
-    next wave's drain, once the current wave's new instances serve), and calls `finish` once every
-    new instance is ready."""
+    """One regroup in progress, front side and clock-free (every method takes `now`); only the current wave drains."""
     current: Layout
     target: Layout
     stop: set[int]
@@ -74,9 +58,7 @@ class Regroup:
     @classmethod
     def begin(cls, sched, current: Layout, target: Layout, now: float,
               wave_share: float = 1.0) -> tuple["Regroup", list]:
-        """Take the first wave's instances out of routing (a wave takes at most `wave_share` of
-        the devices, config.reconfigure_wave_share); returns the regroup and the (worker, message)
-        pairs that start their drains."""
+        """Take the first wave (at most `wave_share` of the devices) out of routing; returns the drain messages."""
         stop, start = changes(current, target)
         waves = plan_waves(current, stop, start, max(1, int(wave_share * current.num_devices)))
         start = {w: devs for _, news in waves for w, devs in news.items()}
@@ -92,8 +74,7 @@ class Regroup:
         return drain_messages(olds, sched.requests)
 
     def next_wave(self, sched, now: float) -> list:
-        """Once the current wave's new instances all serve, the next wave's drain messages
-        (nothing while it is not time, or after the last wave)."""
+        """The next wave's drain messages once the current wave's new instances all serve, else []."""
         news = self.waves[self.wave][1]
         if self.wave + 1 >= len(self.waves) or not all(w in self.launched_at and sched.workers[w].ready for w in news):
             return []
@@ -104,7 +85,7 @@ class Regroup:
         return self._wave_of[w]
 
     def poll_drained(self, sched, now: float) -> list[int]:
-        """Slots that have drained since the last call (in slot order); the driver stops them."""
+        """Slots drained since the last call; the driver stops them."""
         out = [w for w in sorted(self.stop) if w not in self.drained_at and self.wave_of(w) <= self.wave
                and is_drained(w, sched.requests)]
         for w in out:
@@ -112,20 +93,17 @@ class Regroup:
         return out
 
     def retired(self, sched, w: int, now: float) -> None:
-        """The instance in slot w has stopped: its row leaves the layout, its step-time model goes."""
         sched.workers.retire(w)
         sched.load.forget(w)
         self.retired_at[w] = now
 
     def launchable(self) -> list[int]:
-        """New instances whose slot and devices are all free now (not yet launched)."""
         busy = {g for w in self.stop if w not in self.retired_at for g in self.current.instances[w]}
         return [w for w, devs in sorted(self.start.items()) if w not in self.launched_at
                 and self.wave_of(w) <= self.wave and not (w in self.stop and w not in self.retired_at) and not busy.intersection(devs)]
 
     def launching(self, sched, w: int, now: float) -> None:
-        """A new instance starts in slot w (a new row when the layout has more instances): out of
-        routing until its WorkerReady."""
+        """A new instance starts in slot w, out of routing until its WorkerReady."""
         while len(sched.workers) <= w:
             sched.workers.add_slot("colocated", sched.workers[0].policy)
         sched.workers.starting(w)
@@ -136,7 +114,6 @@ class Regroup:
         return len(self.launched_at) == len(self.start) and all(sched.workers[w].ready for w in self.start)
 
     def finish(self, sched, now: float) -> tuple[Layout, dict]:
-        """Every new instance serves: the layout now, and what happened."""
         old = self.current.instances
         slots = max(len(old), max(self.start, default=-1) + 1)
 
@@ -167,26 +144,23 @@ class Actuator(Protocol):
 
 @dataclass
 class RegroupRecord:
-    """One regroup, as it ran (seconds of the driver's clock)."""
+    """One regroup as it ran, in seconds of the driver's clock; `source` and `target` are degrees."""
     began_s: float
-    source: list[int]                 # degrees before
-    target: list[int]                 # degrees after
+    source: list[int]
+    target: list[int]
     why: str
-    drain_s: dict[int, float] = field(default_factory=dict)       # slot -> its drain's length
+    drain_s: dict[int, float] = field(default_factory=dict)
     done_s: float | None = None
-    drain_gpu_s: float = 0.0          # devices held by draining instances (serving only their last blocks)
-    idle_gpu_s: float = 0.0           # devices between a drain's end and their new instance's ready
+    drain_gpu_s: float = 0.0          # device-seconds of draining instances (serving only their last blocks)
+    idle_gpu_s: float = 0.0           # device-seconds from a drain's end to the new instance's ready
     blocks_evicted: int = 0
     waves: int = 1
-    peak_out_devices: int = 0         # the most devices serving nothing at one time
+    peak_out_devices: int = 0
     result: dict = field(default_factory=dict)
 
 
 class Reconfigurer:
-    """Runs a Scheduler's regroups: `plan()` every planner period (cluster/planner.py decides),
-    `begin(degrees)` for a regroup asked for directly, `poll()` whenever the front's state may have
-    moved on (messages delivered, a stop done). One regroup at a time; `on_done(record)` is called
-    when one finishes."""
+    """Runs a Scheduler's regroups one at a time: `plan()` each period, `begin()` on demand, `poll()` on any change."""
 
     def __init__(self, sched: "Scheduler", actuator: Actuator, clock: Callable[[], float], layout: Layout,
                  heads: tuple[int, int], gpus_per_node: int, on_done: Callable[[RegroupRecord], None] | None = None):
@@ -199,11 +173,10 @@ class Reconfigurer:
         self.records: list[RegroupRecord] = []
         self.layouts: list[tuple[float, list[int]]] = [(clock(), layout.degrees())]    # (since, degrees)
         self.decisions: list[tuple[float, dict]] = []
-        self.ready_at: dict[int, float] = {}          # new instance -> when the front saw it ready
+        self.ready_at: dict[int, float] = {}
         self._polling = False
 
     def plan(self) -> list[int] | None:
-        """One planner decision on the policy's inputs; begins the regroup it asks for."""
         if self.active is not None:
             return None
         sched, now = self.sched, self.clock()
@@ -227,14 +200,12 @@ class Reconfigurer:
         return self.record
 
     def stopped(self, w: int) -> None:
-        """The actuator stopped the instance in slot w."""
         self.active.retired(self.sched, w, self.clock())
         if not self._polling:
             self.poll()
 
     def poll(self) -> None:
-        """Stop what drained, start what can start, drain the next wave, finish when every new
-        instance serves."""
+        """Stop what drained, start what can, drain the next wave, finish when every new instance serves."""
         rg, rec, sched = self.active, self.record, self.sched
         if rg is None:
             return
@@ -265,8 +236,7 @@ class Reconfigurer:
     def _finish(self, now: float) -> None:
         rg, rec = self.active, self.record
         self.layout, result = rg.finish(self.sched, now)
-        # each device idles from its old instance's stop (the regroup's start if it had none) to its
-        # new instance's ready; a device no new instance uses idles to the end
+        # a device idles from its old instance's stop (or the regroup's start) to its new instance's ready, or the end
         freed = {g: rg.retired_at[v] for v in rg.stop for g in rg.current.instances[v]}
         spans = [(freed.get(g, rg.started_at), self.ready_at[w]) for w, devs in rg.start.items() for g in devs]
         steps = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))

@@ -1,22 +1,5 @@
-"""Stage 2 of DiLaServe's cluster planner (shared/reference/cluster_level.md 4.3): given the
-instance counts per tensor-parallel degree that stage 1 (cluster/layout_ilp.py) chose, which GPUs form
-which instance, disturbing the instances running now as little as possible. Pure; scipy
-(`scipy.optimize.milp`, HiGHS) is imported only when a transition is solved.
-
-Devices are numbered node-major (device = node x gpus_per_node + index in the node). An instance
-of degree d sits in a slot (node, start, d) inside one node (NVLink), aligned: start % d == 0.
-
-    vars  y_s in {0, 1} for every aligned slot s of a degree the target asks for
-    min   sum_i w_i (1 - y_s(i))  +  eps sum_{s not current} y_s load(s) / (1 + total load)
-    s.t.  sum_{s contains g} y_s <= 1 for every GPU g;   sum_{s: size d} y_s = target[d] for every d
-
-i runs over the current instances, s(i) its slot, w_i = d_i + beta active_i: the GPUs a dissolved
-instance disrupts plus the requests that must move off it (beta weighs a moved request against a
-disrupted GPU). The eps term (below any difference in the first) forms new instances on idle or
-lightly loaded GPUs first; load(g) = the active requests of the instance on g over its degree. A
-current instance that is not an aligned slot (or of a degree the target has none of) cannot be
-kept. The order of the waves that carry a transition out is not decided here.
-"""
+"""Stage 2 of DiLaServe's cluster planner (docs/reconfiguration.md "Stage 2"): which GPUs form the instances
+stage 1 chose, disturbing the running ones least. An instance sits in an aligned slot inside one node."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +25,6 @@ class Slot(NamedTuple):
 
 
 def slot_of(devices: Sequence[int], gpus_per_node: int) -> Slot:
-    """The slot of an instance on these (global, node-major) devices: consecutive, inside one node."""
     ds = sorted(devices)
     if not ds or ds != list(range(ds[0], ds[0] + len(ds))) or ds[0] // gpus_per_node != ds[-1] // gpus_per_node:
         raise ValueError(f"devices {list(devices)}: not consecutive GPUs inside one node of {gpus_per_node}")
@@ -50,19 +32,18 @@ def slot_of(devices: Sequence[int], gpus_per_node: int) -> Slot:
 
 
 def candidate_slots(gpus_per_node: int, num_nodes: int, degrees: Sequence[int]) -> list[Slot]:
-    """Every aligned slot of these degrees, node by node, in device order."""
     return [Slot(node, start, d) for node in range(num_nodes) for d in sorted(set(degrees)) if d <= gpus_per_node
             for start in range(0, gpus_per_node - d + 1, d)]
 
 
 @dataclass(frozen=True)
 class Transition:
-    kept: list[Slot]                 # current instances that stay as they are
-    dissolved: list[Slot]            # current instances to drain and break up
-    new: list[Slot]                  # instances to form
-    disrupted_devices: list[int]     # GPUs of the dissolved instances
-    regrouped_devices: list[int]     # GPUs whose instance changes: dissolved ones and new ones (idle ones too)
-    moved_requests: int              # active requests on the dissolved instances
+    kept: list[Slot]
+    dissolved: list[Slot]
+    new: list[Slot]
+    disrupted_devices: list[int]
+    regrouped_devices: list[int]     # dissolved and new instances' GPUs, idle ones included
+    moved_requests: int
     cost: float                      # sum of w_i over the dissolved instances
 
     @property
@@ -73,16 +54,15 @@ class Transition:
 def plan_transition(current: Sequence[Slot], target_counts: Mapping[int, int], gpus_per_node: int, num_nodes: int,
                     active: Sequence[int] | None = None, beta: float = BETA,
                     tie_weight: float = TIE_WEIGHT) -> Transition:
-    """Stage 2: the layout with target_counts[d] instances of each degree d that keeps the current
-    instances worth most (w_i = d_i + beta active_i). ValueError when the target does not pack into
-    the nodes or the current instances overlap or leave the cluster."""
+    """Stage 2: target_counts[d] instances of each degree keeping the current ones worth most (w_i = d_i + beta
+    active_i); ValueError when the target does not pack or the current instances overlap or leave the cluster."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     current = [Slot(*s) for s in current]
     active = [0] * len(current) if active is None else list(active)
     if len(active) != len(current):
         raise ValueError(f"{len(active)} active counts for {len(current)} current instances")
     num_devices = gpus_per_node * num_nodes
-    owner = [-1] * num_devices                           # device -> the current instance on it
+    owner = [-1] * num_devices
     for i, s in enumerate(current):
         if not (0 <= s.node < num_nodes and 0 <= s.start and s.start + s.size <= gpus_per_node and s.size >= 1):
             raise ValueError(f"current instance {s} is not inside a node of the {num_nodes} x {gpus_per_node} cluster")
@@ -102,9 +82,9 @@ def plan_transition(current: Sequence[Slot], target_counts: Mapping[int, int], g
             load[g] = active[i] / current[i].size
     total_load = float(load.sum())
     c = np.zeros(len(slots))
-    for k, s in enumerate(slots):             # new slots: the tie-break on the load they would disturb
+    for k, s in enumerate(slots):
         c[k] = tie_weight * load[list(s.devices(gpus_per_node))].sum() / (1.0 + total_load)
-    for i, s in enumerate(current):           # keeping i saves w_i (the constant sum w_i left out)
+    for i, s in enumerate(current):           # keeping i saves w_i (the constant sum of w_i left out)
         if s in index:
             c[index[s]] = -weight[i]
     rows = np.zeros((num_devices + len(want), len(slots)))

@@ -1,2 +1,1 @@
-"""The front process's engine: AsyncEngine composes the scheduler, the executor and the cluster
-planner loop behind the one surface the API uses."""
+"""The front process's engine: AsyncEngine composes scheduler, executor and planner behind the API's one surface."""

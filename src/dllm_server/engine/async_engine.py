@@ -1,9 +1,5 @@
-"""AsyncEngine: the front process's one engine surface (the API layer, tests and benchmarks use
-nothing else). `prepare()` validates input (ValueError names the field); `submit()` admits it
-and returns a RequestHandle; `generate(handle)` yields its StreamEvents (new visible text or
-denoising progress, as asked, then the final output); closing that iterator early (a
-disconnected client) aborts the request. `abort`, `drain`, `stats`, `set_policy` complete it.
-Never touches model tensors; the scheduler owns all request state."""
+"""AsyncEngine: the front process's one engine surface (prepare, submit, generate, abort, drain, stats), used by
+the API, tests and benchmarks. Never touches model tensors; the scheduler owns all request state."""
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +34,7 @@ from ..executor.watchdog import Watchdog
 from ..executor.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
-# Inputs at least this long are tokenized (and chat-templated) on a thread, off the event loop;
-# shorter ones cost less than the hop.
-OFFLOAD_CHARS = 2048
+OFFLOAD_CHARS = 2048    # shorter inputs tokenize faster than the hop to the tokenize thread
 
 
 class EngineOverloaded(Exception):
@@ -54,13 +48,13 @@ class EngineDead(Exception):
 class AsyncEngine:
     def __init__(self, config: ServerConfig, policy: DecodePolicy | None = None, hooks: TestHooks | None = None):
         self.config = config
-        self.hooks = hooks          # the test suite's fault injection (config.TestHooks); None when serving
+        self.hooks = hooks          # the test suite's fault injection; None when serving
         self.path = model_path(config.model, config.revision, config.download_dir)
         cfg = read_config(self.path)
         config.check_model_heads(*head_counts(cfg, config.model or str(self.path)))   # a clear error now, not in a worker
         self.generation_config, self.sampling_defaults = request_defaults(self.path, config.generation_config)
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(self.path)
-        self.load = WorkerLoadModel(config.block_length)       # step-time models, shared by policy and router
+        self.load = WorkerLoadModel(config.block_length)
         self.policy = policy or make_policy(config, self.path, self.load)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
         self.devices = worker_devices(config.device, config.placement, len(self.roles),   # fails here, clearly
@@ -80,13 +74,12 @@ class AsyncEngine:
         self.tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-tokenize")
         self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
         self._watch_task: asyncio.Task | None = None
-        self._death_reasons: dict[int, str] = {}     # why the watchdog killed a worker
+        self._death_reasons: dict[int, str] = {}
         self.regroups: ServerRegroups | None = None
-        self._ready = asyncio.Event()          # set once every worker is ready (a later restart leaves it set)
+        self._ready = asyncio.Event()          # a later restart leaves it set
         self._failed = asyncio.Event()
         self._tick_due = False
 
-    # ---- lifecycle ----
     async def start(self, timeout_s: float = 300.0) -> None:
         loop = asyncio.get_running_loop()
         self.scheduler = Scheduler(self.config, self.roles, self.tokenizer, self._send, self.policy, load=self.load,
@@ -113,8 +106,7 @@ class AsyncEngine:
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
-        """Let in-flight requests finish for up to `timeout_s`, then abort the rest
-        (finish_reason "abort"); returns how many were aborted."""
+        """Let in-flight requests finish for up to `timeout_s`, then abort the rest; returns how many."""
         deadline = time.monotonic() + timeout_s
         while self.scheduler and len(self.scheduler.requests) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -128,8 +120,7 @@ class AsyncEngine:
         return len(left)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
-        """Stop taking requests, drain for up to `timeout_s` (default: the config's), then stop
-        and join every worker."""
+        """Stop taking requests, drain, then stop and join every worker."""
         self.draining = True
         await self.drain(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self._watch_task is not None:
@@ -142,7 +133,6 @@ class AsyncEngine:
 
     @property
     def is_started(self) -> bool:
-        """Started (stats() may be read), ready or not."""
         return self.scheduler is not None
 
     @property
@@ -162,18 +152,14 @@ class AsyncEngine:
         return snapshot(self.scheduler, pids)
 
     def iteration_trace(self) -> list[tuple[float, LoadReport]]:
-        """Every worker iteration reported since start (bounded), with its arrival time."""
+        """Recent worker iterations (bounded), with their arrival times."""
         return list(self.scheduler.trace)
 
     async def reconfigure(self, degrees: list[int], timeout_s: float = 120.0) -> dict:
-        """Regroup the devices into instances of these tensor-parallel degrees while serving
-        (cluster/regroup.py): instances that change drain at block boundaries, no request is lost
-        or sees a different answer. Colocated placement and the mp backend only."""
+        """Regroup the devices into instances of these TP degrees while serving; no request is lost or changed."""
         return await self.regroups.reconfigure(degrees, timeout_s)
 
     def set_policy(self, worker_id: int | None = None, **changes) -> None:
-        """Change token_budget / max_active_decodes / credit_share of one worker (or all) while
-        serving, applied at its next iteration, and overflow_threshold_tokens of the router."""
         self.scheduler.set_policy(worker_id, **changes)
 
     def _send(self, wid: int, msg) -> None:
@@ -192,8 +178,7 @@ class AsyncEngine:
         self._tick_soon()
 
     def _tick_soon(self) -> None:
-        """The scheduler's tick once at the end of this loop turn, however many arrivals and
-        worker batches the turn brought."""
+        """One scheduler tick at the end of this loop turn, however many arrivals and batches it brought."""
         if not self._tick_due and self.scheduler.has_tick_work:
             self._tick_due = True
             asyncio.get_running_loop().call_soon(self._tick)
@@ -203,8 +188,7 @@ class AsyncEngine:
         self.scheduler.tick()
 
     async def _watch(self) -> None:
-        """Kill a worker that owes a report for longer than worker_stall_timeout_s; its death
-        then takes the path of any death (requests fail, restart or engine dead)."""
+        """Kill a worker that owes a report for longer than worker_stall_timeout_s; then it is any death."""
         period = min(1.0, self.watchdog.timeout_s / 4)
         while True:
             await asyncio.sleep(period)
@@ -234,18 +218,15 @@ class AsyncEngine:
             self.dead = reason
             self.scheduler.on_worker_lost(list(range(len(self.roles))), reason)
 
-    # ---- requests ----
     def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
                 request_id: str | None = None) -> RequestState:
-        """Validate and build the request state (ValueError names the field). Tokenizes on the
-        calling thread; the server uses prepare_async."""
+        """Validate and build the request state (ValueError names the field); tokenizes on this thread."""
         self._check_chars(prompt, messages)
         return self._build(*self._tokenize(prompt, messages), params, request_id)
 
     async def prepare_async(self, prompt: Any = None, params: SamplingParams | None = None,
                             messages: list[dict] | None = None, request_id: str | None = None) -> RequestState:
-        """prepare(), with a long input tokenized on the tokenize thread so that it never stalls
-        the event loop (and the other requests on it). The cheap length bound comes first."""
+        """prepare(), with a long input tokenized off the event loop."""
         chars = self._check_chars(prompt, messages)
         if chars < OFFLOAD_CHARS:
             text, ids = self._tokenize(prompt, messages)
@@ -270,7 +251,7 @@ class AsyncEngine:
 
     def _build(self, text: str | None, ids: list[int], params: SamplingParams | None,
                request_id: str | None) -> RequestState:
-        params = params or SamplingParams(**self.sampling_defaults)      # the generation config's, as LLM
+        params = params or SamplingParams(**self.sampling_defaults)
         seq = next(self._arrivals)
         resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq), self.model_info.block_size)
         check_request(ids, params, resolved, self.model_info)
@@ -285,9 +266,7 @@ class AsyncEngine:
         return state
 
     def submit(self, state: RequestState, stream: str = STREAM_NONE) -> RequestHandle:
-        """Admit a prepared request (synchronously, so a refusal comes before any response).
-        `stream`: STREAM_TEXT for events as the visible text grows, STREAM_PROGRESS for one per
-        denoising step (with the canvas), STREAM_NONE for the final output only."""
+        """Admit a prepared request synchronously, so a refusal comes before any response."""
         if self.dead:
             raise EngineDead(self.dead)
         if self.draining:
@@ -312,7 +291,7 @@ class AsyncEngine:
         return self.scheduler is not None and self.scheduler.requests.num_waiting >= self.config.max_waiting_requests
 
     def _overflowed(self, request_id: str) -> None:
-        """The consumer lets events pile up (a client that does not read): end the request."""
+        """A client that does not read its stream: end the request."""
         if self.scheduler is not None and self.scheduler.requests.get(request_id) is not None:
             self.scheduler.counters.streams_overflowed += 1
             self.scheduler.abort(request_id, "error", f"the client is not reading its stream "
@@ -336,7 +315,6 @@ class AsyncEngine:
                 self.abort(handle.request_id)
 
     async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw) -> GenerationOutput:
-        """Convenience: the final output of one request."""
         return await self.run_state(self.prepare(prompt, params, **kw))
 
     async def run_state(self, state: RequestState) -> GenerationOutput:

@@ -5,8 +5,7 @@ from ..scheduler.request_table import Entry
 
 
 class RequestHandle:
-    """A submitted request as its caller sees it: identity, timings and abort. Its events come
-    from AsyncEngine.generate(handle)."""
+    """A submitted request's identity, timings and abort; its events come from AsyncEngine.generate(handle)."""
 
     def __init__(self, entry: Entry, abort):
         self._entry = entry
@@ -31,8 +30,7 @@ class RequestHandle:
 
     @property
     def block_offset(self) -> int:
-        """Prompt positions in the first answer block (block-causal families, whose blocks lie
-        on the grid from position 0; 0 for LLaDA / Dream)."""
+        """Prompt positions in the first answer block (block-causal grids start at position 0; else 0)."""
         p = self._entry.state.params
         return self.prompt_len % p.block_length if p.block_causal else 0
 

@@ -1,5 +1,5 @@
-"""The server's side of regroups: the worker processes as the Reconfigurer's actuator, the
-planner's period, and `reconfigure()` driven on the wall clock until the regroup is done."""
+"""The server's side of regroups: worker processes as the Reconfigurer's actuator, the planner's period, and
+`reconfigure()` on the wall clock."""
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +24,7 @@ class ServerRegroups:
                  roles: list[str], devices: list, heads: tuple[int, int], layout: Layout):
         self.config, self.pool, self.watchdog, self.roles, self.devices = config, pool, watchdog, roles, devices
         self.heads = heads
-        self.device_list = [d for devs in devices for d in devs]       # what a regroup divides
+        self.device_list = [d for devs in devices for d in devs]
         # one host (mp backend): its devices are one node for stage 2's aligned slots
         self.driver = Reconfigurer(scheduler, self, time.monotonic, layout, heads, len(self.device_list),
                                    on_done=self._done)
@@ -50,7 +50,6 @@ class ServerRegroups:
         return await self._until_done(timeout_s)
 
     async def _until_done(self, timeout_s: float) -> dict:
-        """Poll the running regroup on the wall clock until it finishes; its result."""
         rg = self.driver.active
         self._done_future = done = asyncio.get_running_loop().create_future()
         deadline = rg.started_at + timeout_s
@@ -69,7 +68,6 @@ class ServerRegroups:
         if self._done_future is not None and not self._done_future.done():
             self._done_future.set_result(record)
 
-    # ---- the Actuator ----
     def stop(self, slot: int) -> None:
         async def stop_then_report():
             async with self._stop_lock:          # the pool stops one instance at a time
@@ -79,14 +77,13 @@ class ServerRegroups:
         asyncio.ensure_future(stop_then_report())
 
     def start(self, slot: int, devices: tuple[int, ...]) -> None:
-        while len(self.roles) <= slot:              # more instances than slots so far
+        while len(self.roles) <= slot:
             self.roles.append("colocated")
             self.devices.append(())
         self.devices[slot] = tuple(self.device_list[i] for i in devices)
         self.watchdog.reset(slot)
         self.pool.start_instance(slot)
 
-    # ---- the planner's period ----
     def start_planner(self, serving: Callable[[], bool]) -> None:
         self._planner = asyncio.ensure_future(self._plan(serving))
 

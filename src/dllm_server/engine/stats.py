@@ -1,5 +1,4 @@
-"""One typed snapshot of the engine's state: what /metrics, the server's periodic stats line, tests
-and benchmarks read. Built on demand (cheap: a few fields per worker); never mutated."""
+"""One immutable snapshot of the engine's state, built on demand, for /metrics, the stats line, tests and benches."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,22 +13,22 @@ from ..scheduler.counters import Counters
 class WorkerStats:
     worker_id: int
     role: str
-    up: bool                      # ready and alive
+    up: bool
     num_pages: int
     free_pages: int               # as last reported (num_pages before the first report)
-    reserved_pages: int           # promised to handoffs on their way in
-    outstanding_prefill_tokens: int   # routed there, not yet started
+    reserved_pages: int
+    outstanding_prefill_tokens: int
     num_active_decodes: int
-    iteration_tokens: int         # fed by its last iteration
+    iteration_tokens: int
     deficit_tokens: int
     num_iterations: int
     policy: WorkerPolicy
     pid: int | None = None
-    row_invariance: RowInvariance | None = None   # the worker's batch-invariance self-check
-    tp_size: int = 1                     # its tensor-parallel ranks (processes)
+    row_invariance: RowInvariance | None = None
+    tp_size: int = 1
     rank_pids: tuple[int | None, ...] = ()
-    rank_rss_mb: tuple[float, ...] = ()  # each rank's resident memory after loading
-    prefix_cache: tuple[int, int, int, int] | None = None   # LoadReport.prefix_cache, as last reported
+    rank_rss_mb: tuple[float, ...] = ()
+    prefix_cache: tuple[int, int, int, int] | None = None   # LoadReport.prefix_cache
 
     @property
     def used_pages(self) -> int:
@@ -39,15 +38,15 @@ class WorkerStats:
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     num_running: int              # requests with a step seen
-    num_waiting: int              # admitted, no step yet
-    num_pending: int              # no worker could take them yet (of num_waiting)
+    num_waiting: int
+    num_pending: int              # of num_waiting: no worker could take them yet
     num_held: int                 # prefilled blocks waiting for a decode worker with room
     workers: tuple[WorkerStats, ...]
     counters: Counters
     overflow_threshold_tokens: int
-    ticks: int = 0                # scheduler ticks (worker message batches handled)
-    tick_s: float = 0.0           # front-loop seconds spent in them
-    policy: dict | None = None    # the decode policy's own summary (SLO policy: cap, predictor error, ...)
+    ticks: int = 0
+    tick_s: float = 0.0
+    policy: dict | None = None    # the decode policy's own summary
 
     @property
     def num_requests(self) -> int:
@@ -72,7 +71,7 @@ class EngineStats:
 
 
 def snapshot(sched, pids: dict[int, list[int | None]]) -> EngineStats:
-    """Build the snapshot from a Scheduler's parts; `pids`: every rank's process id per worker."""
+    """The snapshot of a Scheduler; `pids`: every rank's process id per worker."""
     workers = tuple(WorkerStats(
         w.worker_id, w.role, w.available, w.num_pages, w.report.free_pages if w.report else w.num_pages,
         w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,

@@ -1,2 +1,1 @@
-"""The central scheduler: the request and worker tables, routing (placement.py), leases, the
-disaggregated handoff state machine, and the Scheduler that composes them."""
+"""The central scheduler: request and worker tables, routing, leases, the handoff state machine, the Scheduler."""

@@ -1,4 +1,4 @@
-"""The scheduler's monotonic counters since start (what /metrics exports as totals)."""
+"""The scheduler's monotonic counters since start, exported by /metrics as totals."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,19 +6,17 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Counters:
-    """Monotonic counters since start (the scheduler and its handoff part count into one; a
-    snapshot holds a copy)."""
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
     kv_transfers_failed: int = 0
     kv_handoffs: int = 0
     kv_handoff_stall_seconds: float = 0.0   # PrefillDone -> first decode step on the decode worker
     prefills_overflowed: int = 0
-    blocks_continued: int = 0               # next blocks queued in place (no trip through the router)
+    blocks_continued: int = 0
     worker_restarts: int = 0
-    worker_hangs: int = 0                   # workers the watchdog killed (no progress with work in flight)
+    worker_hangs: int = 0
     streams_overflowed: int = 0             # requests ended because their consumer stopped reading
-    canvas_positions: int = 0               # positions fed through the model
-    blocks_evicted: int = 0                 # blocks taken back from a draining instance before they started
-    reconfigurations: int = 0               # regroups done (cluster/regroup.py)
-    drain_seconds: float = 0.0              # summed over the instances drained
+    canvas_positions: int = 0
+    blocks_evicted: int = 0                 # taken back from a draining instance before they started
+    reconfigurations: int = 0
+    drain_seconds: float = 0.0

@@ -1,13 +1,6 @@
-"""The handoff state machine of disaggregated / hybrid placement: a block's move from the prefill
-worker that ran its full forward to a decode worker. It consumes the workers' messages and
-returns actions for the scheduler to carry out (messages to send, a block that moved, a block
-that must be re-prefilled elsewhere); it never calls back into its owner.
-
-A move completes when both halves are in: the prefill step is done (PrefillDone: the canvas the
-decode continues from) and the receiver has the KV (HandoffDone ok). With layer-wise streaming
-either can come first; a block held on its prefill worker (no receiver had room, or
-after_prefill transfer) is sent once a receiver has room (HandoffKV).
-"""
+"""The handoff state machine of disaggregated / hybrid placement: a block's move from its prefill worker to a
+decode worker. It turns worker messages into actions and never calls back into its owner. A move completes
+when both PrefillDone and the receiver's HandoffDone(ok) are in; with layer-wise streaming either comes first."""
 from __future__ import annotations
 
 import collections
@@ -24,14 +17,14 @@ from .worker_table import WorkerTable
 @dataclass(slots=True)
 class Handoff:
     block_index: int
-    src: int                           # the prefill worker
+    src: int
     pages: int
     policy: BlockPolicy
     dst: int | None = None             # None: no decode worker had room yet
     reserved: bool = False             # `pages` counted in dst's reserved_pages
     steps: int | None = None           # forwards the block took on the prefill worker
-    relayed: bool = False              # the sender's KVSent went to dst: it has posted its receives
-    kv_ok: bool | None = None          # receiver's verdict: in place / refused (drained)
+    relayed: bool = False              # dst has posted its receives
+    kv_ok: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +35,7 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class InstallBlock:
-    """Send InstallKV (the request's block as of its prefill step, step_offset = steps) to dst."""
+    """Send InstallKV (the block as of its prefill step, step_offset = steps) to dst."""
     request_id: str
     dst: int
     steps: int
@@ -51,14 +44,13 @@ class InstallBlock:
 
 @dataclass(frozen=True, slots=True)
 class Moved:
-    """The block now decodes on dst."""
     request_id: str
     dst: int
 
 
 @dataclass(frozen=True, slots=True)
 class FallBack:
-    """The receiver refused (pages short): re-prefill the block anywhere and decode it there."""
+    """The receiver refused (pages short): re-prefill the block anywhere."""
     request_id: str
     steps: int
     policy: BlockPolicy
@@ -74,13 +66,12 @@ class Handoffs:
         self.layerwise = layerwise
         self.clock = clock
         self.active: dict[str, Handoff] = {}
-        self.held: collections.deque[str] = collections.deque()   # prefilled, no receiver had room
+        self.held: collections.deque[str] = collections.deque()
         self.stalled: dict[str, tuple[int, float]] = {}          # request -> (decode worker, PrefillDone at)
         self.counters = counters if counters is not None else Counters()
 
     def begin(self, request_id: str, block_index: int, src: int, pages: int, policy: BlockPolicy) -> int | None:
-        """A prefill routed to `src` will hand its block over; returns the receiver to stream to
-        (layer-wise transfer with a decode worker that has room now), else None."""
+        """A prefill routed to `src` will hand its block over; returns the receiver to stream to layer-wise, or None."""
         h = self.active[request_id] = Handoff(block_index, src, pages, policy)
         if self.layerwise:
             self._reserve(h)
@@ -105,14 +96,13 @@ class Handoffs:
             self.workers[h.dst].reserved_pages -= h.pages
             h.reserved = False
 
-    # ---- worker messages ----
     def on_prefill_done(self, rid: str, msg: PrefillDone) -> list[Action]:
         h = self._current(rid, msg.block_index)
         if h is None:
             return []
         h.steps = msg.num_steps
         self.stalled[rid] = (-1, self.clock())
-        if h.dst is None:                       # held on the prefill worker until a receiver has room
+        if h.dst is None:
             return self._send_held(rid, h)
         if h.kv_ok is False:
             return self._fall_back(rid, h)
@@ -152,7 +142,7 @@ class Handoffs:
         return self._complete(msg.request_id, h) if h.steps is not None else []
 
     def on_step(self, rid: str, wid: int) -> None:
-        """A step of `rid` ran on `wid`: the first one on its decode worker ends the stall."""
+        """The first step on the decode worker ends the handoff stall."""
         s = self.stalled.get(rid)
         if s is not None and s[0] == wid and rid not in self.active:
             self.counters.kv_handoffs += 1
@@ -169,8 +159,7 @@ class Handoffs:
         return out
 
     def release(self, rid: str) -> list[Action]:
-        """The request's block ended or the request did: drop its handoff; a receiver that has
-        posted its receives frees the pages once the data is in."""
+        """Drop the handoff of an ended block or request; a receiver that posted its receives gets Abort."""
         self.stalled.pop(rid, None)
         h = self.active.pop(rid, None)
         if h is None:
@@ -185,7 +174,6 @@ class Handoffs:
         self.active.pop(rid, None)
         self.stalled.pop(rid, None)
 
-    # ---- transitions ----
     def _send_held(self, rid: str, h: Handoff) -> list[Action]:
         self._reserve(h)
         if h.dst is None:

@@ -1,5 +1,5 @@
-"""Leases: a request's next block continued on the worker that runs its current one, when the
-router would put it there anyway (its canvas stays resident; no re-dispatch round trip)."""
+"""Leases: a request's next block continued on the worker running its current one when the router would put
+it there anyway (the canvas stays resident; no re-dispatch round trip)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,18 +14,17 @@ from .worker_table import WorkerTable
 
 
 class Leases:
-    """Decides leases; the blocks that continued in place during a tick wait in `pending` and are
-    leased together, the policy asked once for all of them."""
+    """Decides leases; a tick's continued blocks are leased together, the policy asked once for all."""
 
     def __init__(self, placement: str, routing: str, workers: WorkerTable, requests: RequestTable,
                  load: WorkerLoadModel, policy: DecodePolicy, send: Callable[[int, object], None]):
         self.by_completion = routing == "completion" and placement == "colocated"
         self.placement, self.workers, self.requests = placement, workers, requests
         self.load, self.policy, self.send = load, policy, send
-        self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block) continued this tick
+        self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block)
 
     def completion(self, entry: Entry) -> dict[int, float] | None:
-        """Predicted completion of the request's next block per worker (routing = completion)."""
+        """Predicted completion of the next block per worker (routing = completion)."""
         if self.by_completion:
             return self.load.completion_estimates(range(len(self.workers)), entry.state)
         return None
@@ -42,16 +41,13 @@ class Leases:
                              self.completion(entry))
 
     def lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
-        """The next block's policy if the router would keep the request on `wid`, else None."""
         st = entry.state
         return self.policy.block_policy(st, st.block_index + 1) if self.keeps(entry, wid, loads) else None
 
     def defer(self, entry: Entry, wid: int) -> None:
-        """Decide this block's lease with the tick's others (grant)."""
         self.pending.append((entry, wid, entry.state.block_index))
 
     def grant(self) -> None:
-        """Leases for the blocks that continued in place this tick, the policy asked once."""
         if not self.pending:
             return
         live = [(e, w) for e, w, k in self.pending if not e.done and e.worker == w and e.state.block_index == k]

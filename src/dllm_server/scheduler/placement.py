@@ -1,5 +1,5 @@
-"""Pure placement policy: which worker runs a prefill / re-prefill, and which decodes after a
-handoff. Deterministic (ties go to the lowest worker id); no clocks, no I/O."""
+"""Pure placement policy: which worker runs a (re-)prefill and which decodes after a handoff. Deterministic
+(ties go to the lowest worker id); no clocks, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ class WorkerLoad:
     outstanding_prefill_tokens: int
     free_pages: int                    # reported free pages minus pending reservations
     num_pages: int
-    available: bool                    # ready and alive
+    available: bool
 
 
 def _least_outstanding(cands: list[WorkerLoad]) -> int | None:
@@ -23,10 +23,8 @@ def _least_outstanding(cands: list[WorkerLoad]) -> int | None:
 
 def pick_prefill_worker(loads: list[WorkerLoad], placement: str, pages_needed: int,
                         overflow_threshold_tokens: int) -> int | None:
-    """colocated: least outstanding prefill tokens over all workers. disaggregated: over prefill
-    workers. hybrid: like disaggregated until EVERY prefill worker has more than theta
-    outstanding, then overflow onto the least-loaded decode worker (whose decodes the worker's
-    own token budget protects). Only workers whose pool could ever hold the canvas qualify."""
+    """Least outstanding prefill tokens among workers whose pool could hold the canvas (prefill workers unless
+    colocated); hybrid overflows onto a decode worker once EVERY prefill worker is above theta."""
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
     if placement == "colocated":
         return _least_outstanding(fit)
@@ -48,32 +46,28 @@ def pick_decode_worker(loads: list[WorkerLoad], pages_needed: int) -> int | None
 
 
 def worker_roles(placement: str, num_workers: int, num_prefill_workers: int) -> list[str]:
-    """Worker id -> role. Prefill workers come first in disaggregated / hybrid placement."""
+    """Worker id -> role; prefill workers come first."""
     if placement == "colocated":
         return ["colocated"] * num_workers
     return ["prefill"] * num_prefill_workers + ["decode"] * num_workers
 
 
 def pick_by_completion(loads: list[WorkerLoad], completion_s: dict[int, float], pages_needed: int) -> int | None:
-    """DiLaServe's instance selection: the available worker whose predicted completion time for the
-    block is earliest (ties: lowest id), among those whose pool could hold the canvas."""
+    """DiLaServe's instance selection: the earliest predicted completion among workers that could hold the canvas."""
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed and w.worker_id in completion_s]
     return min(fit, key=lambda w: (completion_s[w.worker_id], w.worker_id)).worker_id if fit else None
 
 
 def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int,
                   completion_s: dict[int, float] | None = None) -> bool:
-    """Would the router run this request's next block where its current one runs? Colocated
-    placement only (elsewhere every block goes back through a prefill worker): yes when no other
-    worker that could hold the canvas has fewer outstanding prefill tokens (ties stay put: the
-    worker already holds the canvas and its pages). `loads` must not count the request's own
-    current block."""
+    """Would the router run the next block where the current one runs (colocated only; ties stay put)?
+    `loads` must not count the request's own current block."""
     if placement != "colocated":
         return False
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
     here = next((w for w in fit if w.worker_id == current), None)
     if here is None:
         return False
-    if completion_s is not None:          # routing by predicted completion: stay unless another is sooner
+    if completion_s is not None:
         return all(completion_s[current] <= completion_s.get(w.worker_id, float("inf")) for w in fit)
     return all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)

@@ -1,7 +1,4 @@
-"""The front process's request table (every request in flight, how many have not started, which
-wait for a worker with room) and what a client-facing caller holds of one request: its handle,
-whose events are the visible text as it grows, denoising progress if asked for, and the final
-output."""
+"""The front process's table of requests in flight: which have not started, which wait for a worker with room."""
 from __future__ import annotations
 
 import collections
@@ -13,16 +10,16 @@ from ..request.state import RequestState
 @dataclass(slots=True)
 class Entry:
     state: RequestState
-    events: object                     # a StreamBuffer (put_nowait, await get); tests pass an asyncio.Queue
+    events: object                     # a StreamBuffer; tests pass an asyncio.Queue
     stream: str
     arrived_at: float
     worker: int | None = None          # worker holding the current block
     charged: tuple[int, int] | None = None   # (worker, tokens) counted as outstanding prefill
-    started: bool = False              # first step seen (no longer waiting)
+    started: bool = False
     first_token_at: float | None = None
     first_step_at: float | None = None
     done: bool = False
-    lease: object | None = None        # the BlockPolicy leased for the next block, if any
+    lease: object | None = None        # the BlockPolicy leased for the next block
 
 
 @dataclass(slots=True)
@@ -30,7 +27,7 @@ class RequestTable:
     entries: dict[str, Entry] = field(default_factory=dict)
     num_waiting: int = 0                               # admitted, no step seen yet
     pending: collections.deque = field(default_factory=collections.deque)   # no worker could take them yet
-    leased: dict[str, Entry] = field(default_factory=dict)   # next block leased to the worker holding it
+    leased: dict[str, Entry] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -58,9 +55,7 @@ class RequestTable:
             self.leased[entry.state.request_id] = entry
 
     def revision(self, request_id: str, block_index: int, policy) -> tuple[int, object] | None:
-        """Where a re-decided block's policy goes, and as what: the block running (or queued) on
-        the request's worker gets ReviseBlock; its leased next block a new ContinueBlock (the lease
-        updated here). None when the request moved on or holds no such block."""
+        """(worker, ReviseBlock for the current block or ContinueBlock for the leased next one), or None."""
         entry = self.entries.get(request_id)
         if entry is None or entry.worker is None:
             return None
@@ -73,7 +68,6 @@ class RequestTable:
         return None
 
     def remove(self, entry: Entry) -> None:
-        """Evict: memory stays bounded."""
         self.started(entry)
         self.set_lease(entry, None)
         entry.done = True

@@ -1,6 +1,5 @@
-"""The central scheduler: routes every block, leases continuations, advances requests on worker
-messages, finishes, aborts and evicts them, and reacts to worker deaths. Synchronous, with an
-injected clock and `send`: the server, the simulator and the offline LLM drive the same one."""
+"""The central scheduler: routes blocks, leases continuations, advances, finishes and evicts requests. Synchronous,
+with an injected clock and `send`, so the server, the simulator and the offline LLM drive the same one."""
 from __future__ import annotations
 
 import collections
@@ -50,21 +49,20 @@ class Scheduler:
         self.clock = clock
         self.theta = config.overflow_threshold_tokens
         self.workers = WorkerTable(roles, config.page_size, config.worker_policy())
-        self.load = load if load is not None else WorkerLoadModel(config.block_length)   # step-time models
+        self.load = load if load is not None else WorkerLoadModel(config.block_length)
         self.requests = RequestTable()
         self.counters = Counters()
         self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
-        self.ticks, self.tick_s = 0, 0.0               # on_messages calls and the time spent in them
+        self.ticks, self.tick_s = 0, 0.0
         self.leases = Leases(config.placement, config.routing, self.workers, self.requests, self.load, policy, send)
-        self.failure: str | None = None                # why a worker failed to start
-        # With batch_arrivals (the server), an observing policy decides a turn's arrivals in one batched call
-        # (one at a time, a burst's first iteration would seat only its first request).
+        self.failure: str | None = None
+        # an observing policy decides a turn's arrivals together: one at a time, a burst's first iteration
+        # would seat only its first request
         self.batch_arrivals = batch_arrivals
         self._arrivals: list[Entry] = []
         self._revise_due = False
 
-    # ---- requests ----
     def add(self, entry: Entry) -> None:
         entry.arrived_at = entry.state.arrived_at = self.clock()
         self.requests.add(entry)
@@ -74,8 +72,7 @@ class Scheduler:
             self._dispatch(entry, self._block_policy(entry))
 
     def tick(self) -> None:
-        """The end of the driver's turn: the turn's arrivals admitted together (their next blocks'
-        leases too), then the policy's revisions of running blocks and leases."""
+        """End of the driver's turn: admit its arrivals together, then the policy's revisions."""
         if self._arrivals:
             self._admit_arrivals()
         if self._revise_due:
@@ -155,7 +152,6 @@ class Scheduler:
             self.policy.on_finish(entry.state, output, now)
         entry.events.put_nowait(StreamEvent(rid, output=output))
 
-    # ---- worker messages ----
     def on_messages(self, wid: int, batch: list) -> None:
         """One worker's batch (one turn of its pump), then its leases and the retries it allows."""
         t0 = time.perf_counter()
@@ -187,9 +183,6 @@ class Scheduler:
         self.tick_s += time.perf_counter() - t0
 
     def _revise(self) -> None:
-        """Let an observing policy re-decide running blocks and leased next blocks (it
-        rate-limits itself): a running or queued block gets ReviseBlock at its worker, a lease a
-        new ContinueBlock."""
         for rid, k, policy in self.policy.revise(self.requests, self.clock()):
             if (out := self.requests.revision(rid, k, policy)) is not None:
                 self.send(*out)
@@ -205,7 +198,6 @@ class Scheduler:
                 self._dispatch(entry, r.policy, r.any_role, r.step_offset)
 
     def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
-        """A step of the request's block ran: its charge ends, its first step and token are timed."""
         if msg.step == 0 or entry.charged is not None:
             self.workers.uncharge(entry)
         self.requests.started(entry)
@@ -222,7 +214,7 @@ class Scheduler:
             self._on_step(entry, wid, msg)
         elif isinstance(msg, Evicted):
             if msg.removed and entry.worker == wid and st.block_index == msg.block_index:
-                self.workers.uncharge(entry)             # taken back before it started: run it elsewhere
+                self.workers.uncharge(entry)
                 entry.worker = None
                 self.counters.blocks_evicted += 1
                 self._dispatch(entry, self._block_policy(entry))
@@ -265,7 +257,6 @@ class Scheduler:
             if entry is None:
                 continue
             if isinstance(a, InstallBlock):
-                # block-causal: the decode worker keeps the request, with the next block's lease
                 then = self.leases.lease(entry, a.dst) if entry.state.params.block_causal else None
                 self.requests.set_lease(entry, then)
                 self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
@@ -275,11 +266,9 @@ class Scheduler:
                 entry.worker = None
                 self._dispatch(entry, a.policy, any_role=True, step_offset=a.steps)
 
-    # ---- runtime policy ----
     def set_policy(self, worker_id: int | None = None, overflow_threshold_tokens: int | None = None,
                    **changes) -> None:
-        """Change tau / the seat cap / the credit share of one worker (or all), applied at its
-        next iteration, and the hybrid overflow threshold theta of the router."""
+        """Change worker policies (tau, seat cap, credit share) from their next iteration, and the router's theta."""
         if overflow_threshold_tokens is not None:
             if overflow_threshold_tokens < 0:
                 raise ValueError(f"overflow_threshold_tokens: must be >= 0, got {overflow_threshold_tokens}")
@@ -287,7 +276,6 @@ class Scheduler:
         for wid, msg in self.workers.set_policy(worker_id, changes):
             self.send(wid, msg)
 
-    # ---- failures ----
     def on_worker_lost(self, worker_ids: list[int], reason: str) -> None:
         """Fail (never hang) every request whose block lives on a lost worker."""
         lost = set(worker_ids)

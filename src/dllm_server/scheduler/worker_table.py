@@ -1,6 +1,5 @@
-"""The front process's table of workers: role, readiness and liveness, their latest load report,
-the pages promised to in-flight handoffs and the prefill tokens routed to them but not yet
-started. Plain state with small methods; no messages are sent from here."""
+"""The front process's table of workers: role, liveness, load report, pages promised to handoffs, prefill
+tokens routed but not started. Plain state; sends no messages."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,12 +21,12 @@ class WorkerInfo:
     num_pages: int = 0
     report: LoadReport | None = None
     reserved_pages: int = 0              # promised to handoffs on their way in
-    outstanding_prefill_tokens: int = 0  # routed here, not yet started
-    row_invariance: RowInvariance | None = None   # its start-up self-check (worker/determinism.py)
-    tp_size: int = 1                     # processes (tensor-parallel ranks) of this instance
-    rank_rss_mb: tuple[float, ...] = ()  # their resident memory after loading
-    planned: bool = False                # held by a planned regroup (draining, stopping or starting): no routing
-    retired: bool = False                # not part of the current layout (cluster/regroup.py)
+    outstanding_prefill_tokens: int = 0
+    row_invariance: RowInvariance | None = None
+    tp_size: int = 1
+    rank_rss_mb: tuple[float, ...] = ()
+    planned: bool = False                # held by a planned regroup: no routing
+    retired: bool = False                # not part of the current layout
 
     @property
     def available(self) -> bool:
@@ -54,7 +53,7 @@ class WorkerTable:
         return len(self.workers)
 
     def loads(self, minus: tuple[int, int] | None = None) -> list[WorkerLoad]:
-        """Every worker's load; `minus` (worker, tokens): leave out one request's own charge."""
+        """Every worker's load, leaving out `minus` (worker, tokens): one request's own charge."""
         return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens - (minus[1] if minus and minus[0] ==
                            w.worker_id else 0), w.free_pages, w.num_pages, w.available) for w in self.workers]
 
@@ -64,24 +63,21 @@ class WorkerTable:
 
     @property
     def is_healthy(self) -> bool:
-        """Every instance of the layout serves, except those a planned regroup holds (its requests
-        wait for the new layout: not a failure)."""
+        """Every instance of the layout serves; those a planned regroup holds are not a failure."""
         return all(w.available for w in self.workers if not (w.planned or w.retired))
 
     def retire(self, wid: int) -> None:
-        """A regroup stopped the instance in this slot."""
         w = self.workers[wid]
         w.ready = w.alive = w.planned = False
         w.retired = True
         w.report, w.reserved_pages, w.outstanding_prefill_tokens, w.num_pages = None, 0, 0, 0
 
     def starting(self, wid: int) -> None:
-        """A regroup starts a new instance in this slot: out of routing until it is ready."""
         w = self.workers[wid]
         w.planned, w.retired, w.ready, w.alive, w.num_pages = True, False, False, True, 0
 
     def add_slot(self, role: str, policy: WorkerPolicy) -> int:
-        """A new row (retired until an instance starts in it): a regroup into more instances."""
+        """A new row, retired until a regroup starts an instance in it."""
         self.workers.append(WorkerInfo(len(self.workers), role, policy, self.workers[0].page_size, retired=True))
         return len(self.workers) - 1
 
@@ -90,7 +86,6 @@ class WorkerTable:
         return any(w.role == "prefill" for w in self.workers)
 
     def charge(self, entry, wid: int, tokens: int) -> None:
-        """Count a routed block's canvas as outstanding prefill work on `wid` until it starts."""
         entry.charged = (wid, tokens)
         self.workers[wid].outstanding_prefill_tokens += tokens
 
@@ -104,8 +99,7 @@ class WorkerTable:
         return -(-tokens // self.workers[0].page_size)
 
     def min_capacity_pages(self) -> int:
-        """The smallest pool a canvas may have to fit (where its prefills run); during a regroup,
-        the pools of the instances known (a starting one reports its own once ready)."""
+        """The smallest pool a canvas may have to fit where prefills run (during a regroup, the last one known)."""
         roles = {"prefill"} if self.has_prefill_role else {"colocated"}
         pools = [w.num_pages for w in self.workers if w.role in roles and not w.retired and w.num_pages]
         return min(pools) if pools else self.known_pages
@@ -115,12 +109,12 @@ class WorkerTable:
         w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
         w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
         w.row_invariance, w.tp_size, w.rank_rss_mb = msg.row_invariance, msg.tp_size, msg.rank_rss_mb
-        w.planned = w.retired = False          # a regroup's new instance serves from now on
+        w.planned = w.retired = False
         self.known_pages = msg.num_pages
         self.model = msg.model
 
     def on_report(self, wid: int, msg: LoadReport) -> bool:
-        """Store a load report; True when it reports a new iteration."""
+        """True when the report is of a new iteration."""
         w = self.workers[wid]
         new = w.report is None or msg.num_iterations > w.report.num_iterations
         w.report = msg
@@ -133,8 +127,7 @@ class WorkerTable:
             w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
 
     def set_policy(self, worker_id: int | None, changes: dict) -> list[tuple[int, SetPolicy]]:
-        """New runtime policies for one worker (or all): validated before any is applied; returns
-        the SetPolicy messages for the live ones."""
+        """New runtime policies for one worker (or all), validated before any is applied; SetPolicy for live ones."""
         if not changes:
             return []
         targets = list(self.workers) if worker_id is None else [self.workers[worker_id]]

@@ -1,3 +1,2 @@
-"""A discrete-event cluster simulator that runs our own scheduling code (the front's Scheduler,
-each worker's WorkerCore, the cluster planner and regroup) on a virtual clock, replacing only the
-model forward and the KV transport (docs/simulation.md)."""
+"""A discrete-event cluster simulator: our own scheduler, worker cores, planner and regroup on a virtual clock,
+with only the forward and the KV transport simulated (docs/simulation.md)."""

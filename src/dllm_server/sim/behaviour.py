@@ -1,15 +1,6 @@
-"""Request behaviour models: how a simulated request denoises, the one thing a model forward decides
-that the scheduler sees. Per block and forward, how many positions commit (left to right), and
-where the answer's EOS lands; from that the real WorkerCore decides when a block ends and when the
-request is final, exactly as with a model.
-
-- `ParametricBehaviour`: for models we cannot run here. Each forward commits the most confident
-  position plus Poisson(ppf - 1) more, ppf = positions per forward at the block's threshold
-  (POSITIONS_PER_FORWARD, every value with its source); the answer ends where the workload says.
-- `ReplayBehaviour`: traces our own engine recorded (policy/tracing.py end rows, or the same rows
-  written from GenerationOutputs): each request's forwards per block and where its EOS landed,
-  replayed exactly by arrival order, or sampled per block for requests that were not recorded.
-"""
+"""Request behaviour models: per block and forward, how many positions a simulated request commits and where
+its EOS lands; the real WorkerCore decides block ends and finishes from that, as with a model.
+ParametricBehaviour draws from a ppf table; ReplayBehaviour replays our own traces (docs/simulation.md)."""
 from __future__ import annotations
 
 import bisect
@@ -24,8 +15,8 @@ import numpy as np
 from ..decoding.canvas import transfer_counts
 from ..decoding.params import BlockPolicy
 
-# Positions committed per forward (tokens per forward) under Fast-dLLM threshold decoding with the
-# KV cache, by threshold. (threshold, ppf, source); linear in between, flat outside.
+# Simulator ASSUMPTION: positions committed per forward under Fast-dLLM threshold decoding with the KV cache,
+# (threshold, ppf, source); linear in between, flat outside.
 POSITIONS_PER_FORWARD = {
     "llada-8b": (
         (0.7, 4.85, "assumption from a digest: DiLaServe, 0.9 -> 0.7 cuts denoising steps by 38 % "
@@ -33,7 +24,7 @@ POSITIONS_PER_FORWARD = {
         (0.9, 3.01, "Fast-dLLM Fig. 1b, LLaDA GSM8K, parallel + cache (dllm_algorithms.md 3.2)"),
         (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
     ),
-    "dream-7b": (   # no published per-forward figure for Dream under Fast-dLLM: LLaDA's, an assumption
+    "dream-7b": (
         (0.7, 4.85, "assumption: LLaDA-8B's figure"),
         (0.9, 3.01, "assumption: LLaDA-8B's figure (Fast-dLLM reports Dream speed-ups, not tokens per forward)"),
         (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
@@ -42,7 +33,6 @@ POSITIONS_PER_FORWARD = {
 
 
 def positions_per_forward(table, threshold: float) -> float:
-    """Piecewise-linear in the threshold through the table's points, flat beyond its ends."""
     xs = [p[0] for p in table]
     ys = [p[1] for p in table]
     if threshold <= xs[0]:
@@ -56,30 +46,24 @@ def positions_per_forward(table, threshold: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
-    """One request of a simulated workload. `eos_at`: the answer position its first EOS lands on
-    (None: none before max_tokens); ignored with ignore_eos."""
+    """One simulated request; `eos_at` is the answer position of its first EOS (None: none before max_tokens)."""
     arrival_s: float
     prompt_len: int
     max_tokens: int
     eos_at: int | None = None
     ignore_eos: bool = True
     threshold: float | None = None
-    slo_ms: float | None = None          # threshold policy "slo": this request's end-to-end target
+    slo_ms: float | None = None
     steps: int | None = None             # a fixed-steps rule instead of the threshold
 
 
 class Behaviour:
-    """Base: per block, the commits of each forward (from `block_counts`), cached; `commit_range`
-    answers the stepper's question for one row of one forward.
-
-    A block must commit its `needed` positions (up to the EOS, or up to max_tokens) before the
-    request can end; past them ("spare": after the EOS or max_tokens) a model may also commit
-    positions, which end nothing. A plan commits K positions (needed <= K <= width), the spare
-    ones first, so the block ends exactly at its last forward, as it did when it was recorded."""
+    """Per block, each forward's commits (from `block_counts`), cached. Spare positions (past the EOS or
+    max_tokens) commit first, so a block ends exactly at its last planned forward, as when recorded."""
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[int, int | None]] = {}   # request id -> (arrival seq, eos_at)
-        self._plans: dict[tuple[str, int], tuple] = {}    # (request, block) -> _plan(...)
+        self._plans: dict[tuple[str, int], tuple] = {}
 
     def register(self, request_id: str, seq: int, req: SimRequest) -> None:
         self.requests[request_id] = (seq, None if req.ignore_eos else req.eos_at)
@@ -90,13 +74,11 @@ class Behaviour:
             self._plans.pop((request_id, b), None)
 
     def block_counts(self, seq: int, block: int, needed: int, width: int, policy: BlockPolicy) -> list[int]:
-        """Positions committed by each forward of a block `width` wide that must commit `needed`
-        of them: each >= 1, needed <= sum <= width."""
+        """Positions committed by each forward: each >= 1, needed <= sum <= width."""
         raise NotImplementedError
 
     def commit_range(self, t) -> tuple[tuple[tuple[int, int], ...], int | None]:
-        """For a block task (worker/core.py BlockTask) at its current step: the block-relative
-        column ranges this forward commits, and the column of the EOS among them (or None)."""
+        """The block-relative column ranges a BlockTask's current forward commits, and the EOS column or None."""
         key = (t.request_id, t.block_index)
         plan = self._plans.get(key)
         if plan is None:
@@ -105,15 +87,12 @@ class Behaviour:
         return steps[t.step] if t.step < len(steps) else _step(shape, t.step)
 
     def _plan(self, t) -> tuple[list, tuple]:
-        """A block's plan, drawn at its first forward: every forward's answer, and its shape
-        (cumulative commits per forward, the spare commits, the needed ones, the EOS's column if
-        it lands in this block, the first answer column: a block-causal model's first block
-        begins with the prompt's tail, which is never committed)."""
+        # a block-causal model's first block begins with the prompt's tail, which never commits
         seq, eos_at = self.requests[t.request_id]
         p = t.params
         first = max(0, t.prompt_len - t.start)
         width = t.end - t.start - first
-        offset = t.start + first - t.prompt_len         # answer position of the block's first answer cell
+        offset = t.start + first - t.prompt_len
         limit = min(p.max_tokens, eos_at + 1) if eos_at is not None else p.max_tokens
         needed = max(1, min(width, limit - offset))
         counts = self.block_counts(seq, t.block_index, needed, width, t.policy)
@@ -124,16 +103,15 @@ class Behaviour:
 
 
 def _step(shape: tuple, s: int) -> tuple[tuple[tuple[int, int], ...], int | None]:
-    """Forward `s` of a block plan: the column ranges it commits, and the EOS's column if among them."""
     cum, spare, needed, eos_col, first = shape
     a = cum[s] if s < len(cum) else cum[-1]
     b = cum[s + 1] if s + 1 < len(cum) else cum[-1]
     if b <= a:                                       # past the plan (never expected): finish the block
         a, b = min(a, cum[-1] - 1), cum[-1]
     ranges = []
-    if a < spare:                                    # spare columns come first: needed + [a, b)
+    if a < spare:
         ranges.append((needed + a, needed + min(b, spare)))
-    if b > spare:                                    # then the needed ones, left to right
+    if b > spare:
         ranges.append((max(a, spare) - spare, b - spare))
     eos = None
     if eos_col is not None:
@@ -145,22 +123,21 @@ def _step(shape: tuple, s: int) -> tuple[tuple[tuple[int, int], ...], int | None
 
 
 def _fixed(policy: BlockPolicy, width: int) -> list[int] | None:
-    """A fixed-steps policy decides the counts itself (LLaDA's linear schedule over the block)."""
+    """A fixed-steps policy's own counts (LLaDA's linear schedule)."""
     if policy.steps is None:
         return None
     return transfer_counts(width, max(1, min(policy.steps, width)))
 
 
 class ParametricBehaviour(Behaviour):
-    """Draws are per request, in block order (a request's blocks run one after another), so a
-    request denoises the same way under every configuration compared (common random numbers)."""
+    """Draws are per request in block order, so a request denoises alike in every configuration compared."""
 
     def __init__(self, model: str = "llada-8b", seed: int = 0, table=None):
         super().__init__()
         self.table = table or POSITIONS_PER_FORWARD[model]
         self.seed = seed
         self._rng: dict[int, np.random.Generator] = {}
-        self._extra: dict[float, float] = {}      # threshold -> ppf - 1
+        self._extra: dict[float, float] = {}
 
     def forget(self, request_id: str, num_blocks: int) -> None:
         seq = self.requests.get(request_id, (None,))[0]
@@ -189,7 +166,7 @@ class ParametricBehaviour(Behaviour):
 
 
 def load_trace_rows(path: str | Path) -> list[dict]:
-    """The "end" rows of one trace file or of every *.jsonl in a folder (policy/tracing.py)."""
+    """The "end" rows of one trace file or of every *.jsonl in a folder."""
     p = Path(path)
     files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
     rows = []
@@ -203,9 +180,7 @@ def load_trace_rows(path: str | Path) -> list[dict]:
 
 
 def rows_from_outputs(outputs, params) -> list[dict]:
-    """Replay rows (the fields of policy/tracing.py's end rows) from a run's GenerationOutputs, in
-    arrival order, with the SamplingParams each was sent with; EOS: a finish by a stop token, whose
-    id ends token_ids."""
+    """Replay rows (policy/tracing.py's end-row fields) from a run's GenerationOutputs and their SamplingParams."""
     rows = []
     for seq, (o, p) in enumerate(zip(outputs, params)):
         eos_at = len(o.token_ids) - 1 if o.finish_reason == "stop" and not p.ignore_eos else None
@@ -218,7 +193,7 @@ def rows_from_outputs(outputs, params) -> list[dict]:
 
 
 def requests_from_rows(rows: list[dict], arrivals_s=None, block_length: int | None = None) -> list[SimRequest]:
-    """The recorded requests as a simulated workload (arrival offsets given, else all at 0)."""
+    """The recorded requests as a simulated workload (all arriving at 0 unless offsets are given)."""
     rows = sorted(rows, key=lambda r: r["arrival_seq"])
     at = list(arrivals_s) if arrivals_s is not None else [0.0] * len(rows)
     return [SimRequest(float(t), int(r["prompt_len"]), int(r["max_tokens"]), r.get("eos_at"),
@@ -227,14 +202,13 @@ def requests_from_rows(rows: list[dict], arrivals_s=None, block_length: int | No
 
 
 class ReplayBehaviour(Behaviour):
-    """Exact for the requests recorded (matched by arrival order, `arrival_seq`): their blocks take
-    the forwards they took. Other requests (or blocks past the recorded ones) draw a recorded full
-    block's forwards at the nearest recorded threshold, scaled to the positions the block needs."""
+    """Exact for recorded requests (by `arrival_seq`); others draw a recorded full block's forwards at the
+    nearest threshold, scaled to the positions needed."""
 
     def __init__(self, rows: list[dict], seed: int = 0):
         super().__init__()
         self.by_seq = {int(r["arrival_seq"]): r for r in rows if r.get("arrival_seq") is not None}
-        self.full: dict[float, list[int]] = {}       # threshold -> forwards of recorded full blocks
+        self.full: dict[float, list[int]] = {}
         for r in rows:
             bl = r.get("block_length")
             for k, (f, tau) in enumerate(zip(r["steps_per_block"], r.get("thresholds") or [])):
@@ -255,12 +229,12 @@ class ReplayBehaviour(Behaviour):
                 return fixed
             forwards = self._sample(seq, block, needed, width, policy.threshold)
         forwards = max(1, min(forwards, width))
-        return transfer_counts(max(needed, forwards), forwards)   # spare commits where it took more forwards
+        return transfer_counts(max(needed, forwards), forwards)
 
     def _sample(self, seq: int, block: int, needed: int, width: int, threshold: float) -> int:
         if not self.full:
-            return needed                                 # nothing recorded: one position per forward
+            return needed
         tau = min(self.full, key=lambda x: (abs(x - threshold), x))
         pool = self.full[tau]
         f = pool[int(np.random.default_rng((self.seed, seq, block)).integers(len(pool)))]
-        return max(1, math.ceil(f * needed / width))      # a partial block: its share of a full one
+        return max(1, math.ceil(f * needed / width))

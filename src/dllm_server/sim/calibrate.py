@@ -1,12 +1,5 @@
-"""Calibration of the CPU cost model: run the real engine briefly on this machine and fit it.
-
-For each worker count asked (worker processes share the 2 cores, so two running side by side are
-each slower than one alone): a colocated engine runs a mixed open-loop workload under three token
-budgets (so iterations cover decode-only and mixed shapes, small and large), and its iteration
-reports (LoadReport: what each iteration fed, its turn and forward time) are fitted with
-costmodel/step_time.py's features (costmodel/fitted.py, fit_iterations). Then requests sent one at a time
-give the one-way message latency: what their latency has beyond the fitted time of their own
-iterations, halved. A gloo send between two processes gives the KV link's bandwidth.
+"""Calibration of the CPU cost model: run the real engine briefly on this machine under three token budgets,
+fit its iteration reports, and measure message latency and gloo link bandwidth.
 
     dllm-server calibrate --out sim_cpu.json [--model DIR] [--workers 1,2]
 """
@@ -52,8 +45,7 @@ def trace_rows(trace) -> list[tuple]:
 
 
 async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[tuple[float, list]], object]:
-    """(iteration rows under load, [(latency, its iterations' reports)] of requests sent alone,
-    the model's ModelInfo)."""
+    """(iteration rows under load, [(latency, its iterations' reports)] of requests sent alone, ModelInfo)."""
     from ..engine.async_engine import AsyncEngine
     rows: list[tuple] = []
     alone: list[tuple[float, list]] = []
@@ -81,7 +73,7 @@ async def _measure(config: ServerConfig, seed: int) -> tuple[list[tuple], list[t
 
 
 def _latency(cost: FittedCost, alone: list[tuple[float, list]]) -> float:
-    """One-way front <-> worker latency: a request alone costs latency = in + its turns + out."""
+    """One-way front <-> worker latency: a request alone takes in + its turns + out."""
     from ..costmodel.iteration import IterationStats
     extra = []
     for latency, reports in alone:

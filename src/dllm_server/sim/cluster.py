@@ -1,24 +1,6 @@
-"""The cluster simulator: the real front-side Scheduler and one real WorkerCore per worker, on a
-virtual clock. Only the model forward (sim/stepper.py: a behaviour model decides what commits, a
-cost model how long it takes) and the transport (sim/transport.py) are replaced; routing, leases,
-handoffs, admission, seating, retiring, early stop and hybrid overflow are the engine's own code.
-
-Discrete events: arrivals; messages front -> worker and worker -> front, each after the cost
-model's one-way latency; worker turns (worker/turn.py, the same function the worker process runs),
-each lasting the cost model's turn time, its messages leaving when it ends; KV completions waking
-both ends. At one instant, deliveries come before turns (a message that has arrived is in the
-inbox the turn drains). The front's own processing takes no simulated time (it has its own core).
-
-Workers may differ: `costs` gives one cost model per worker (a model instance: a tensor-parallel
-instance of degree d is one worker costed at degree d, sim/instances.py) and `pages` its KV pool;
-each worker's WorkerReady carries its own page count, degree and, where the real engine profiles
-at start-up (SLO policy, routing by completion), its own profile, so the front's step-time model
-of each worker starts from that worker's speed.
-
-Live regroups (sim/regroup.py) replace a slot's worker: a retired worker's pending turns and
-messages are dropped (as WorkerPool drops a stale slot's batches), and a new one is built by
-`make_worker` (fresh WorkerCore, pool and cost model) and announces itself with its WorkerReady.
-"""
+"""The cluster simulator: the real Scheduler and one real WorkerCore per worker on a virtual clock, with only
+the forward and the KV transport simulated (docs/simulation.md). At one instant, deliveries come before turns;
+the front's own processing takes no simulated time (it has its own core)."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,12 +48,12 @@ class RequestResult:
     first_token_s: float | None = None
     tokens: int = 0
     forwards: int = 0
-    thresholds: tuple = ()            # each block's commit threshold, as run (stats.block_policies)
-    slo_ms: float | None = None       # the request's own SLO, if it gave one
+    thresholds: tuple = ()            # each block's commit threshold, as run
+    slo_ms: float | None = None
 
     @property
     def slo_met(self) -> bool | None:
-        """Finished within its SLO (None without one); a rejected or unfinished request misses it."""
+        """Finished within its SLO (None without one)."""
         if self.slo_ms is None:
             return None
         return self.finish_reason in ("stop", "length") and self.latency_s is not None and \
@@ -111,7 +93,7 @@ class SimResult:
 
 
 class _Sink:
-    """Entry.events for a simulated request: the final output is its only event (STREAM_NONE)."""
+    """Entry.events for a simulated request: the final output is its only event."""
     __slots__ = ("sim", "seq")
 
     def __init__(self, sim: "Simulator", seq: int):
@@ -130,7 +112,7 @@ class _Worker:
     cost: object
     min_turn_s: float
     log: list
-    retired: bool = False             # a regroup stopped it: its events are dropped
+    retired: bool = False             # a regroup stopped it: its events are dropped, as WorkerPool drops them
     inbox: list = field(default_factory=list)
     num_iterations: int = 0
     busy_until: float = 0.0
@@ -138,18 +120,15 @@ class _Worker:
 
 
 class _Unread(WorkerLoadModel):
-    """Routing by load under a policy that does not observe never reads the step-time models
-    (scheduler/scheduler.py reads them only to route by completion): skip their upkeep."""
+    """Step-time models nobody reads (routing by load, a policy that does not observe): skip their upkeep."""
 
     def observe(self, worker_id, report) -> None:
         pass
 
 
 class Simulator:
-    """`cost`: every worker's cost model, or, with `costs` (one per worker), the one whose message
-    latency and KV link the cluster shares (None: the first worker's). `pages`: each worker's KV
-    pages; by default the config's for all, or with `costs`, each cost's `kv_pool_tokens()` where
-    it has one."""
+    """Runs a workload on the virtual clock. `cost` is every worker's cost model or, with `costs` (one per worker),
+    the one whose message latency and KV link they share; `pages` defaults to each cost's pool."""
 
     def __init__(self, config: ServerConfig, cost, behaviour, model: ModelInfo, *, logit_shift: int = 0,
                  policy=None, record: bool = False, costs: list | None = None, pages: list[int] | None = None):
@@ -183,7 +162,7 @@ class Simulator:
         handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
         self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
         self.handoffs, self.lead, self.wc = handoffs, window_lead(logit_shift, config.dream_decoding), wc
-        self.logs: dict[int, list] = {}                  # recorded iterations per slot (across regroups)
+        self.logs: dict[int, list] = {}                  # recorded iterations per slot, across regroups
         self.workers: list[_Worker | None] = []
         ready = []
         for wid, (c, num_pages) in enumerate(zip(costs, self.pages)):
@@ -197,12 +176,10 @@ class Simulator:
         self.entries: dict[int, Entry] = {}
         self.num_events = 0
         self.arrivals_left = 0
-        self.regroup = None                              # sim/regroup.py's SimRegroups, if a Reconfigurer runs
+        self.regroup = None                              # sim/regroup.py's SimRegroups
 
     def make_worker(self, wid: int, c, num_pages: int) -> tuple[_Worker, WorkerReady]:
-        """A fresh worker for slot `wid` (its own WorkerCore, page pool and cost model) and the
-        WorkerReady it reports: pages, degree and, as executor/worker_main.py, a profile only where the
-        config asks for one (worker/build.py startup_profile), timed by its cost model."""
+        """A fresh worker for slot `wid` and its WorkerReady (with a start-up profile where the config asks)."""
         wc, model = self.wc, self.model
         wcw = wc if num_pages == wc.num_pages else dataclasses.replace(wc, num_pages=num_pages)
         stepper = SimStepper(wc.cache, self.lead, self.behaviour, c, model.eos_id, self.fill_id)
@@ -216,14 +193,12 @@ class Simulator:
         return w, WorkerReady(wid, num_pages, wc.page_size, model, profile, tp_size=getattr(c, "tp", 1))
 
     def retire_worker(self, wid: int) -> None:
-        """A regroup stopped the instance in this slot: it serves nothing from now on."""
         w = self.workers[wid]
         if w is not None:
             w.retired = True
         self.workers[wid] = None
 
     def install_worker(self, wid: int, c, num_pages: int) -> None:
-        """A regroup's new instance in slot `wid` is up: its WorkerReady goes to the front."""
         while len(self.workers) <= wid:
             self.workers.append(None)
         w, msg = self.make_worker(wid, c, num_pages)
@@ -234,8 +209,7 @@ class Simulator:
         return self.now
 
     def _policy(self, config: ServerConfig):
-        """The decode policy a server with this config runs (policy/__init__.py make_policy), on the
-        virtual clock; the SLO policy shares the scheduler's step-time models, as in AsyncEngine."""
+        """The decode policy a server with this config runs, on the virtual clock."""
         if config.threshold_policy != "slo":
             return FixedPolicy(config.threshold), None
         from ..policy.predictor import SimpleEstimator, load_predictor
@@ -247,10 +221,9 @@ class Simulator:
     def _push(self, at: float, kind: int, a, b=None) -> None:
         heapq.heappush(self._heap, (at, _LATER[kind], next(self._order), kind, a, b))
 
-    # ---- the seams the real parts call ----
     def _send(self, wid: int, msg) -> None:
         w = self.workers[wid] if wid < len(self.workers) else None
-        if w is not None:                                # no instance in the slot (a regroup): nothing to tell
+        if w is not None:                                # no instance in the slot (a regroup)
             self._push(self.now + self.latency_s, TO_WORKER, w, msg)
 
     def _emit(self, w: _Worker, msgs: list) -> None:    # a worker's out-of-turn put (KVSent before its data)
@@ -259,7 +232,6 @@ class Simulator:
     def _wake(self, wid: int, at: float) -> None:
         self._push(at, WAKE, wid)
 
-    # ---- running ----
     def run(self, requests: list[SimRequest], max_sim_s: float | None = None) -> SimResult:
         t0 = time.perf_counter()
         for seq, req in enumerate(requests):
@@ -298,7 +270,7 @@ class Simulator:
                 self.regroup.on_reconf(a)
             else:
                 self.regroup.on_ready(a, b)
-        for seq, entry in self.entries.items():           # never finished (cut short, or stuck)
+        for seq, entry in self.entries.items():
             self.results[seq] = RequestResult(seq, entry.arrived_at, entry.state.prompt_len,
                                               entry.state.params.max_tokens, "unfinished",
                                               slo_ms=entry.state.sampling.slo_ms)
@@ -345,7 +317,7 @@ class Simulator:
         w.turn_pending = False
         msgs, w.inbox = w.inbox, []
         core, cost = w.core, w.cost
-        took = [0.0, False]            # the turn's duration, whether it ran an iteration
+        took = [0.0, False]
 
         def turn_s(stepped: bool) -> float:
             took[0] = max(cost.turn_s(core.last) if stepped else cost.idle_turn_s, w.min_turn_s)
@@ -355,7 +327,7 @@ class Simulator:
         out, w.num_iterations = take_turn(core, msgs, w.wid, w.num_iterations, turn_s)
         last = core.last
         if w.transport is not None:
-            w.transport.flush(self.now + last.forward_s)   # streamed groups of this forward: data ready at its end
+            w.transport.flush(self.now + last.forward_s)
         end = w.busy_until = self.now + took[0]
         if out:
             self._push(end + self.latency_s, TO_FRONT, w, out)
@@ -363,6 +335,6 @@ class Simulator:
         if self.record and fed:
             w.log.append((self.now, took[0], last.num_prefills, last.prefill_tokens, last.decode_tokens,
                           last.num_decodes, last.deficit_tokens))
-        # A stalled iteration (nothing fed) changes nothing until a message or a transfer arrives.
+        # a stalled iteration (nothing fed) changes nothing until a message or a transfer arrives
         if fed and core.has_work:
             self._poke(w)

@@ -1,8 +1,5 @@
-"""Regroups in the simulator: the server's own Reconfigurer (cluster/regroup.py) over the real
-Scheduler, with a simulated actuator: a drained instance's worker is retired at once, a new
-one is built `restart_s` after its devices are free and serves once its WorkerReady reaches the
-front. The planner runs every reconfigure_period_s of simulated time, or a schedule names the
-degrees (tests)."""
+"""Regroups in the simulator: the server's own Reconfigurer with a simulated actuator (a new instance serves
+`restart_s` after its devices are free), run by the planner every period or by a schedule (tests)."""
 from __future__ import annotations
 
 from ..cluster.layout import Layout
@@ -12,15 +9,12 @@ from .behaviour import ParametricBehaviour
 from .cluster import RECONF, REGROUP_DONE, Simulator
 from .instances import layout_instances
 
-# ASSUMPTION (not measured): from a drained instance's stop to its devices' new instance serving,
-# for an 8B bf16 model on H100s: process and CUDA/NCCL start ~2-3 s, 16 GB of weights at ~3 GB/s
-# ~5 s (a degree-d shard is 1/d of it, read in parallel), the start-up profile ~1 s: ~10 s.
+# ASSUMPTION (not measured): stop to new instance serving, 8B bf16 on H100s (breakdown: docs/reconfiguration.md)
 ASSUMED_RESTART_S = 10.0
 
 
 def layout_simulator(degrees, cost_for, config, model: str = "llada-8b", seed: int = 0) -> Simulator:
-    """A colocated Simulator of one layout (an instance per entry of `degrees`, each with its own
-    cost `cost_for(d)` and pool), not run yet; a reconfiguring run attaches its Reconfigurer."""
+    """A colocated Simulator of one layout (an instance per entry of `degrees`), not run yet."""
     insts = layout_instances(degrees, cost_for, config.page_size)
     uniform = len(set(degrees)) == 1
     cfg = config.replace(num_workers=len(insts), tensor_parallel_size=degrees[0] if uniform else 1)
@@ -30,7 +24,7 @@ def layout_simulator(degrees, cost_for, config, model: str = "llada-8b", seed: i
 
 
 class SimRegroups:
-    """The simulator's side of regroups: the actuator of the Reconfigurer and its timer events."""
+    """The Reconfigurer's actuator and timer events in the simulator."""
 
     def __init__(self, sim: Simulator, cost_for, restart_s: float, schedule: list[tuple[float, list[int]]]):
         self.sim, self.cost_for, self.restart_s = sim, cost_for, restart_s
@@ -56,7 +50,7 @@ class SimRegroups:
 
     def on_reconf(self, k) -> None:
         sim, driver = self.sim, self.driver
-        if k is not None:                                  # a scripted regroup
+        if k is not None:
             degrees = self.schedule[k][1]
             if driver.active is None and sorted(degrees) != sorted(driver.layout.degrees()):
                 driver.begin(degrees, "scheduled")
@@ -66,7 +60,6 @@ class SimRegroups:
         driver.plan()
 
     def on_ready(self, slot: int, degree: int) -> None:
-        """REGROUP_DONE: the new instance in `slot` is up; its WorkerReady is on its way."""
         c = self.cost_for(degree)
         self.sim.install_worker(slot, c, c.kv_pool_tokens() // self.sim.wc.page_size)
 
@@ -74,10 +67,7 @@ class SimRegroups:
 def reconfigurer(sim: Simulator, cost_for, restart_s: float, heads: tuple[int, int], gpus_per_node: int = 8,
                  schedule: list[tuple[float, list[int]]] | None = None,
                  degrees: list[int] | None = None) -> Reconfigurer:
-    """Attach the server's regroup driver to `sim` (colocated): `cost_for(d)` a degree-d
-    instance's cost model, `restart_s` a regrouped instance's start (an assumption), `heads` the
-    model's (heads, kv_heads) for the degrees allowed, `schedule` [(at_s, degrees)] instead of
-    the planner."""
+    """Attach the server's regroup driver to `sim`; `schedule` [(at_s, degrees)] replaces the planner."""
     glue = SimRegroups(sim, cost_for, restart_s, schedule or [])
     layout = Layout.of_degrees(degrees or [getattr(w.cost, "tp", 1) for w in sim.workers])
     glue.driver = Reconfigurer(sim.scheduler, glue, sim.clock, layout, heads, gpus_per_node)

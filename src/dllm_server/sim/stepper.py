@@ -1,7 +1,5 @@
-"""The simulated worker's Stepper (worker/model_step.py's seam): no model. Which positions of each
-row commit comes from a behaviour model (sim/behaviour.py), how long the forward takes from a cost
-model (costmodel/fitted.py); the real WorkerCore applies the result, so block ends, early stops, seats and
-admissions are the core's own decisions."""
+"""The simulated worker's Stepper: commits from a behaviour model, forward time from a cost model; the real
+WorkerCore applies them, so block ends, stops and admissions stay the core's own decisions."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,12 +12,12 @@ from ..worker.runner import fed_range
 class SimStepper:
     def __init__(self, cache: str, lead: int, behaviour, cost, eos_id: int, fill_id: int):
         self.cache = cache
-        self.lead = lead                  # positions fed before a block (runner.window_lead, as the real stepper)
+        self.lead = lead
         self.behaviour = behaviour
         self.cost = cost
         self.eos_id = eos_id
         self.fill_id = fill_id            # what a committed non-EOS position holds (any non-stop id)
-        self.core = None                  # the WorkerCore it steps (its iteration_load is this step's)
+        self.core = None
 
     def fed_tokens(self, t, is_prefill: bool) -> int:
         if t.params.block_causal:
@@ -29,8 +27,7 @@ class SimStepper:
         return b - a
 
     def run(self, prefills: list, decodes: list, layer_done: Callable | None) -> StepResult:
-        """Commits as rows of plain lists where the real stepper returns host tensors (WorkerCore
-        takes either): a simulated step makes no array at all."""
+        """Commits as plain lists (WorkerCore takes either): a simulated step makes no array at all."""
         batch = prefills + decodes
         width = max(t.end - t.start for t in batch)
         commit, tokens = [], []
@@ -47,7 +44,7 @@ class SimStepper:
                 toks = fill.copy()
                 toks[eos] = eos_id
                 tokens.append(toks)
-        if self.core is not None:        # WorkerCore.step sets `last` to these rows' load before it runs us
+        if self.core is not None:        # WorkerCore.step sets `last` to these rows' load first
             load = self.core.last
         else:
             load = iteration_load(prefills, decodes, sum(self.fed_tokens(t, False) for t in decodes))

@@ -1,12 +1,6 @@
-"""The simulator's stand-in for the KV transport (worker/kv_transfer.py's TorchTransport): the same
-methods WorkerHandoffs calls, no data. worker/handoff.py's page bookkeeping runs unchanged on top.
-
-A group (what one sender sends one receiver at once, KVSent) completes when both ends are ready
-and its bytes have crossed the sender's link: a streamed group's data is produced during the
-prefill forward (layer i leaves when layer i is done), a held block's is there when it is sent;
-the receiver must have posted its receives (its turn that handled ReceiveKV). Each sender's link
-carries one group at a time, in order (an assumption: no sharing of a link's bandwidth).
-"""
+"""The simulator's stand-in for the KV transport: TorchTransport's methods, no data; worker/handoff.py's page
+bookkeeping runs unchanged on top. ASSUMPTION: a sender's link carries one group at a time, in order (no
+bandwidth sharing); a group completes once both ends are ready and its bytes have crossed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,14 +16,13 @@ class _Group:
     opened_at: float | None = None                   # the sender's forward (or send) started
     ready_at: float | None = None                    # the sender's data is all there
     streamed: bool = False
-    posted_at: float | None = None                   # the receiver posted its receives
+    posted_at: float | None = None
     num_bytes: int = 0
     done_at: float | None = None
 
 
 class Fabric:
-    """Every simulated KV link; `wake(worker, at)` asks the simulator for a turn of that worker
-    when its transfer completes."""
+    """Every simulated KV link; `wake(worker, at)` asks for that worker's turn when its transfer completes."""
 
     def __init__(self, cost, clock: Callable[[], float], wake: Callable[[int, float], None]):
         self.cost = cost
@@ -37,8 +30,8 @@ class Fabric:
         self.wake = wake
         self.groups: dict[tuple[int, int, int], _Group] = {}
         self.link_free_at: dict[int, float] = {}
-        self.done: dict[int, list[Transfer]] = {}          # worker -> its completed transfers, not yet polled
-        self.done_at: dict[int, float] = {}                # id(transfer) -> when it completes
+        self.done: dict[int, list[Transfer]] = {}          # worker -> completed transfers, not yet polled
+        self.done_at: dict[int, float] = {}
         self.bytes_moved = 0
 
     def group(self, key) -> _Group:
@@ -70,14 +63,14 @@ class Fabric:
 
 
 class SimTransport:
-    """One worker's end of the fabric (TorchTransport's methods)."""
+    """One worker's end of the fabric."""
 
     def __init__(self, worker_id: int, fabric: Fabric):
         self.worker_id = worker_id
         self.fabric = fabric
         self.clock = fabric.clock
         self._next_tag: dict[int, int] = {}
-        self._open: list[tuple[int, int, int]] = []      # streamed groups of the current forward
+        self._open: list[tuple[int, int, int]] = []
         self._submitted: list[Transfer] = []
 
     @property

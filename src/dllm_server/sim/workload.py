@@ -1,11 +1,6 @@
-"""Simulated workloads, drawn with the load generator's own functions: lengths from its presets
-(loadgen.workload: sharegpt, arxiv) or a replay trace (loadgen.arrivals: JSONL with timestamps),
-arrivals from its processes (Poisson, gamma, constant) or the trace's timestamps.
-
-Two answer modes: by default (Sangam's accounting) a request asks for exactly its output length
-and ignores EOS; with `max_tokens` set, every request asks for that many tokens and its answer
-ends at an EOS after its output length (a chat client's cap, the realistic canvas: the mask buffer
-up to the cap is in every re-prefill)."""
+"""Simulated workloads drawn with loadgen's own presets, traces and arrival processes. By default (Sangam's
+accounting) a request asks for exactly its output length; with `max_tokens`, it asks for that cap and ends at
+an EOS (the realistic canvas: the mask buffer up to the cap is in every re-prefill)."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +26,7 @@ def _request(at: float, prompt_len: int, output_len: int, max_tokens: int | None
 def preset_workload(preset: str, n: int, rate: float, seed: int = 0, arrival: str = "poisson",
                     burstiness: float = 1.0, max_tokens: int | None = None, max_len: int | None = None,
                     length_scale: float = 1.0, threshold: float | None = None) -> list[SimRequest]:
-    """`n` requests of a loadgen preset at `rate` req/s; prompt + answer fitted to `max_len` as
-    loadgen fits them to a model's context."""
+    """`n` requests of a loadgen preset at `rate` req/s, fitted to `max_len` as loadgen does."""
     rng = np.random.default_rng(seed)
     prompts, outputs = preset_lengths(preset, n, rng, length_scale)
     offsets = arrival_offsets(arrival, rate, n, rng, burstiness)
@@ -48,8 +42,7 @@ def preset_workload(preset: str, n: int, rate: float, seed: int = 0, arrival: st
 
 def trace_workload(path: str | Path, rate: float | None = None, max_tokens: int | None = None,
                    threshold: float | None = None) -> list[SimRequest]:
-    """A loadgen replay trace; `rate` (req/s) rescales its time axis (None: as recorded). Prompts
-    given as text count one token per word (no tokenizer here)."""
+    """A loadgen replay trace, its time axis rescaled to `rate` req/s; text prompts count one token per word."""
     entries = load_trace(path)
     if not entries:
         return []
@@ -61,8 +54,7 @@ def trace_workload(path: str | Path, rate: float | None = None, max_tokens: int 
 
 
 def rescale(requests: list[SimRequest], rate: float) -> list[SimRequest]:
-    """The same requests at another mean rate (arrival offsets scaled), for capacity searches over
-    a fixed set of requests."""
+    """The same requests at another mean rate, for capacity searches over a fixed set."""
     if len(requests) < 2:
         return list(requests)
     span = requests[-1].arrival_s - requests[0].arrival_s

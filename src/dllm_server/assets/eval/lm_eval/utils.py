@@ -1,10 +1,4 @@
-"""Data and scoring of the `dllm_demo` lm-evaluation-harness tasks (this folder's YAML files).
-
-The documents are the shipped evaluation set, `../demo_tasks.jsonl`, found next to this file so the
-folder works wherever the package is installed (a task YAML can only name a fixed `data_files`
-path); each task keeps its own records. Scoring is `dllm_server.demo_tasks.is_correct`: equality
-after stripping and collapsing whitespace.
-"""
+"""`dllm_demo` lm-eval data (found beside this file: a task YAML names only fixed paths) and scoring."""
 from __future__ import annotations
 
 import json
@@ -14,7 +8,7 @@ import datasets
 
 try:
     from dllm_server.demo_tasks import is_correct
-except ImportError:     # the harness in an environment without dllm-server (the folder copied out)
+except ImportError:     # the folder copied out to an environment without dllm-server
     def is_correct(answer: str, reference: str) -> bool:
         return " ".join(answer.split()) == " ".join(reference.split())
 
@@ -22,8 +16,6 @@ EVAL_FILE = Path(__file__).resolve().parent.parent / "demo_tasks.jsonl"
 
 
 def load_docs(task: str, **_) -> datasets.DatasetDict:
-    """`custom_dataset`: the records of one demo task as the `test` split. The harness also passes
-    the task's metadata and the model's arguments as keywords; they are not needed here."""
     rows = [json.loads(line) for line in EVAL_FILE.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["task"] == task]
     if not rows:
