@@ -20,6 +20,7 @@ import torch
 
 from bench import gpu_flashinfer as FI
 from bench import gpu_parts as P
+from bench.gpu_block_causal import block_causal_check
 from bench.gpu_capacity import BASELINE, DEFAULT, capacity_comparison
 from bench.gpu_harness import PHASES, Bench, env_info, print_table, setup_logging
 from bench.harness import Timer, parser
@@ -305,6 +306,16 @@ def main() -> int:
             print(f"capacity ratio one TP {tp} instance / one TP 1 instance: {r['tp_capacity_ratio']:.2f}x")
         return r
 
+    def block_causal():
+        r = block_causal_check(device, dtype, a.smoke, a.seed, b.left)
+        print(f"SDAR-shaped block-causal model {r['shape']} in {r['dtype']}, {r['requests']} requests x (prompt "
+              f"{r['prompt']}, max_tokens {r['max_tokens']}), threshold 0.9:\n")
+        print_table(["finalise", "seconds", "forwards / answer", "output tok/s"],
+                    [[m, v["seconds"], v["forwards_per_answer"], v["output_tok_s"]] for m, v in r["runs"].items()])
+        print(f"\nanswers equal to the fused finalise's: {r.get('agree_with_fused')}; prefix cache: "
+              f"{r.get('prefix_cache')}; {'OK' if r['ok'] else 'FAIL'}")
+        return r
+
     def flashinfer():
         limit = max(15.0, min(120.0, b.left() - st.get("reserve_s", 0.0)))
         return FI.run_child("bench.gpu", a.out, device, dtype, a.seed, a.smoke, a.layers, limit)
@@ -332,11 +343,13 @@ def main() -> int:
         else:
             b.phase("serving", serving, need_s=60 if gpu else 0)
             b.phase("capacity", capacity, need_s=90 if gpu else 0)
+        b.phase("block_causal", block_causal, need_s=45 if gpu else 0)
     finally:   # the 3.8 GB checkpoint must not stay in the temporary folder
         shutil.rmtree(st.get("folder") or "/nonexistent", ignore_errors=True)
     ok = not b.res["errors"] and (b.res.get("correctness") or {}).get("ok", not b.wanted("correctness")) \
         and (b.res.get("flashinfer") or {}).get("ok", True) \
-        and ((b.res.get("decode") or {}).get("graphs") or {}).get("ok", True)
+        and ((b.res.get("decode") or {}).get("graphs") or {}).get("ok", True) \
+        and (b.res.get("block_causal") or {}).get("ok", True)
     b.res["ok"] = ok
     b.save()
     print(f"\n{'OK' if ok else 'PROBLEMS (see errors / correctness in the JSON)'}: {b.res['elapsed_s']} s; "

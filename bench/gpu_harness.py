@@ -21,7 +21,7 @@ from bench import gpu_parts as P
 from bench.gpu_env import free_gib
 from bench.harness import Table, Timer
 
-PHASES = ("model", "correctness", "gemm", "decode", "prefill", "flashinfer", "serving", "capacity")
+PHASES = ("model", "correctness", "gemm", "decode", "prefill", "flashinfer", "serving", "capacity", "block_causal")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -139,7 +139,7 @@ async def main_async(a) -> dict:
     common = server_flags(a)
     logs = Path(tempfile.mkdtemp(prefix="bench-slo-"))
     report: dict = {"model": model, "requests_per_rate": a.requests, "max_tokens": a.max_tokens,
-                    "task": a.task, "task_share": a.task_share if task else None, "configs": {}}
+                    "task": a.task, "task_share": a.task_share if a.task else None, "configs": {}}
     # 1-2: the SLO and the capacity of fixed 0.9
     all_configs = configs(a.fixed)
     with server(model, *common, *all_configs[0][1], log_path=logs / "base.log", stop_s=30) as base:

@@ -35,3 +35,15 @@ def test_the_checker_sees_cycles_and_layer_crossings():
     assert c.layer_violations({"dllm_server.newpkg.x": set()}) != []       # every package needs a rule
     assert c.cycles_of_packages({"dllm_server.a.x": {"dllm_server.b.y"}, "dllm_server.b.y": {"dllm_server.a.z"},
                                  "dllm_server.a.z": set()}) != []
+
+
+def test_every_module_path_docs_architecture_names_exists():
+    import re
+    root = Path(__file__).resolve().parents[1]
+    pkg = root / "src" / "dllm_server"
+    text = (root / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"(?<![\w/.-])((?:[\w]+/)*\w+\.py)\b", text))
+    assert len(named) > 30
+    missing = [p for p in sorted(named) if not ((pkg / p).exists() or (root / p).exists()
+                                                 or ("/" not in p and any(pkg.rglob(p))))]
+    assert missing == [], missing

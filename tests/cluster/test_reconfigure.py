@@ -5,15 +5,13 @@ pages and running counts return to 0, and the time each drain took is printed. R
 regroup cannot work. The planner loop's decision (cluster/planner.py) on live step-time models."""
 import asyncio
 import random
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dllm_server import LLM, SamplingParams
 from dllm_server.config import ServerConfig
-from dllm_server.engine.async_engine import AsyncEngine
-from dllm_server.cluster.regroup import Layout, changes
+from dllm_server.cluster.layout import Layout, changes
 
 from tests.live import running
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import socket
 import threading
-import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 
@@ -36,10 +35,8 @@ def test_strangers_do_not_block_a_worker_and_messages_flow(hub):
     with pytest.raises(AuthenticationError):
         Client(hub.address, family="AF_INET", authkey=b"not the key")
     box: list = []
-    t0 = time.monotonic()
     connect_in_thread(ch.ends, box).join(5)
     assert box, "the worker did not connect while a silent stranger held a connection open"
-    assert time.monotonic() - t0 < 2
     inbox, outbox = box[0]
     assert inbox.get(timeout=5) == "held until the worker connects"
     ch.send({"step": 1})

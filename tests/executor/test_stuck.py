@@ -18,11 +18,10 @@ async def test_a_hung_worker_fails_its_requests_within_the_watchdog_timeout(engi
     config = engine_config.replace(worker_stall_timeout_s=1.0, restart_workers=restart)
     async with running(config, hooks=TestHooks(hang_at_forward=6)) as engine:
         params = SamplingParams(max_tokens=40, steps=40, ignore_eos=True)
-        t0 = time.monotonic()
         outs = await asyncio.wait_for(asyncio.gather(*[engine.run({"prompt_token_ids": [i + 1, 2]}, params)
                                                        for i in range(3)]), 30)
-        assert all(o.finish_reason == "error" and "worker 0 hung" in o.error for o in outs)
-        assert time.monotonic() - t0 < 6
+        # the 30 s bound is "never hangs", not a timing: the watchdog's own decision is in the error
+        assert all(o.finish_reason == "error" and "worker 0 hung: no progress for 1 s" in o.error for o in outs)
         assert engine.stats().counters.worker_hangs == 1
         if not restart:
             assert engine.dead and not engine.is_healthy

@@ -9,7 +9,7 @@ from dllm_server.decoding.params import BlockPolicy, DecodeParams
 from dllm_server.sim.behaviour import (POSITIONS_PER_FORWARD, ParametricBehaviour, ReplayBehaviour, SimRequest,
                                        positions_per_forward)
 from dllm_server.costmodel.fitted import FittedCost, fit_iterations, load_cpu_cost, trimmed_fit
-from dllm_server.costmodel.gpu import DEVICES, LINKS, MODELS, from_gpu_bench, gpu_cost
+from dllm_server.costmodel.gpu import LINKS, MODELS, from_gpu_bench, gpu_cost
 from dllm_server.costmodel.iteration import IterationStats as _It
 from dllm_server.costmodel.iteration import IterationStats
 

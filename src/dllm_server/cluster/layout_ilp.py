@@ -7,7 +7,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .transition import Slot, Transition, plan_transition  # noqa: F401  (stage 2, importable from here too)
 
 UNSERVED_PENALTY = 1e3      # M: a req/s unserved weighs more than any threshold gain
 SPARE_WEIGHT = 1e-4         # eps: the tie-break's largest possible weight, in mean-threshold units

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import MODEL_TYPES, architecture_of, read_config
+from ..checkpoint import architecture_of, read_config
 from . import dream, llada, sdar
 from .args import ModelArgs
 from .layers import Rotary

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from .loader import ARCHITECTURES, MODEL_TYPES
+from ..checkpoint import MODEL_TYPES
+from .loader import ARCHITECTURES
 
 LLADA_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"

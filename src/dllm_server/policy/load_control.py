@@ -4,7 +4,6 @@ the quality floor, and rises again with hysteresis, so a steady load settles on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from ..messages import ContinueBlock, ReviseBlock, StepDelta
+from ..messages import ContinueBlock, ReviseBlock
 from ..request.state import RequestState
 
 @dataclass(slots=True)

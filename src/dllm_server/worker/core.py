@@ -6,14 +6,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass
 from itertools import compress
 from typing import Callable
 
 import torch
 
 from ..config import WorkerConfig
-from ..decoding.params import BlockPolicy, DecodeParams
 from ..decoding.stop import AnswerMarks
 from ..messages import (Abort, BlockDone, ContinueBlock, Evict, Evicted, HandoffKV, InstallKV, LoadReport, PrefillDone,
                         ReceiveKV, RequestFailed, ReviseBlock, SetPolicy, StepDelta, SubmitBlock)
