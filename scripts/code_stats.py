@@ -1,7 +1,7 @@
 """Lines of src per package: total, docstring and comment lines (their share), modules over 300
-and 400 lines (issue 39's figures).
+and 400 lines.
 
-    python scripts/code_stats.py [--by-module]
+    python scripts/code_stats.py [--by-module] [--src OTHER_TREE/src/dllm_server]
 """
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def doc_and_comment_lines(path: Path) -> tuple[int, int, int]:
 
 
 def main(argv: list[str]) -> None:
+    global PKG
+    if "--src" in argv:
+        PKG = Path(argv[argv.index("--src") + 1]).resolve()
     by_pkg = defaultdict(lambda: [0, 0, 0, 0])
     rows = []
     for f in sorted(PKG.rglob("*.py")):
