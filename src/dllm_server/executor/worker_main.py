@@ -68,9 +68,7 @@ def _die_with_parent() -> int:
     return parent
 
 
-def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> None:
-    if spec.restarts and config.hooks.hang_at_forward:     # the injected hang is a one-off: a restart recovers
-        config = dataclasses.replace(config, hooks=dataclasses.replace(config.hooks, hang_at_forward=0))
+def _prepare_device(spec: WorkerSpec, config: WorkerConfig) -> torch.device:
     torch.set_num_threads(spec.num_threads)
     device = torch.device(spec.device)
     if device.type == "cpu":
@@ -78,6 +76,13 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
         hold_freed_memory(config.malloc_hold_mb)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    return device
+
+
+def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> None:
+    if spec.restarts and config.hooks.hang_at_forward:     # the injected hang is a one-off: a restart recovers
+        config = dataclasses.replace(config, hooks=dataclasses.replace(config.hooks, hang_at_forward=0))
+    device = _prepare_device(spec, config)
     transfers = spec.world_size > 1
     if transfers:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -102,13 +107,7 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
 
 
 def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
-    torch.set_num_threads(spec.num_threads)
-    device = torch.device(spec.device)
-    if device.type == "cpu":
-        bound_kernel_caches(config.cpu_kernel_cache_entries)
-        hold_freed_memory(config.malloc_hold_mb)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = _prepare_device(spec, config)
     tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_host, spec.tp_port, device)
     stepper, pool, args = build_stepper(config, spec.model_path, device, tp)
     gather_rss(tp)
