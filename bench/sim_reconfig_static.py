@@ -79,18 +79,20 @@ def base_config(**over) -> ServerConfig:
                                   max_waiting_requests=1 << 20), **over})
 
 
-def run_layout(requests, degrees, cost_for, config: ServerConfig, model: str = "llada-8b", seed: int = 0):
+def run_layout(requests, degrees, cost_for, config: ServerConfig, model: str = "llada-8b", seed: int = 0,
+               curve: str = "dilaserve"):
     """One static layout: each instance one simulated worker with its own cost and pool (the
     SLO policy's step-time models seeded from each one's profile). Returns (SimResult, the
     cap changes load control made)."""
-    sim, log = build_sim(degrees, cost_for, config, model, seed)
+    sim, log = build_sim(degrees, cost_for, config, model, seed, curve)
     return sim.run(requests), log
 
 
-def build_sim(degrees, cost_for, config: ServerConfig, model: str = "llada-8b", seed: int = 0):
+def build_sim(degrees, cost_for, config: ServerConfig, model: str = "llada-8b", seed: int = 0,
+              curve: str = "dilaserve"):
     """The Simulator of a layout (not run yet; a reconfiguring run attaches its Reconfigurer) and
     the list load control's cap changes will be noted in."""
-    sim = layout_simulator(degrees, cost_for, config, model, seed)
+    sim = layout_simulator(degrees, cost_for, config, model, seed, curve)
     policy = sim.scheduler.policy
     log: list = []
     if getattr(policy, "controller", None) is not None:
@@ -128,6 +130,8 @@ def main() -> None:
     ap.add_argument("--predictor", default=None, help="step predictor artefact for the SLO policy (default: the "
                     "SimpleEstimator, the fallback a checkpoint without one gets)")
     ap.add_argument("--fixed", default="", help="also run each layout at these fixed thresholds (controls), e.g. 0.7")
+    ap.add_argument("--orders", default="fcfs", help="scheduling policies to run every configuration under "
+                    "(fcfs, deadline: --scheduling-policy)")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -178,17 +182,19 @@ def main() -> None:
     out = []
     runs = [(d, None) for d in (int(x) for x in a.layouts.split(","))]
     runs += [(d, float(f)) for f in a.fixed.split(",") if f.strip() for d, _ in list(runs)]
-    for d, fixed in runs:
+    runs = [(d, f, o) for o in a.orders.split(",") for d, f in runs]
+    for d, fixed, order in runs:
         degrees = layout_degrees({d: a.devices // d})
-        config = base_config(step_predictor=a.predictor) if fixed is None else \
-            base_config(threshold_policy="fixed", threshold=fixed)
-        name = layout_name(degrees) + ("" if fixed is None else f", fixed {fixed:g} (control)")
+        config = base_config(step_predictor=a.predictor, scheduling_policy=order) if fixed is None else \
+            base_config(threshold_policy="fixed", threshold=fixed, scheduling_policy=order)
+        name = layout_name(degrees) + ("" if fixed is None else f", fixed {fixed:g}") + \
+            ("" if order == "fcfs" else f", {order}")
         t0 = time.process_time()
         res, caps = run_layout(requests, degrees, cost_for, config, model, a.seed)
         cpu = time.process_time() - t0
         m = phase_metrics(res, phase_of, len(phases))
         s = res.summary()
-        out.append({"layout": name, "degree": d, "fixed": fixed, "metrics": m, "summary": s, "cap_changes": caps,
+        out.append({"layout": name, "degree": d, "fixed": fixed, "order": order, "metrics": m, "summary": s, "cap_changes": caps,
                     "cpu_s": cpu, "kv_pool_tokens": cost_for(d).kv_pool_tokens()})
         o = m["overall"]
         control = "-" if fixed is not None else f"{len(caps)}, lowest {min((c for _, c in caps), default=0.95):.2f}"

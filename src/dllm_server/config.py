@@ -26,8 +26,7 @@ def _range(meta) -> str:
     hi = f"{meta['le']}]" if "le" in meta else f"{meta['lt']})" if "lt" in meta else None
     if lo and hi:
         return f"in {lo}, {hi}"
-    return f">= {meta['ge']}" if "ge" in meta else f"> {meta['gt']}" if "gt" in meta else \
-        f"<= {meta['le']}" if "le" in meta else f"< {meta['lt']}"
+    return " ".join(next((s, str(meta[k])) for k, s in zip(_BOUNDS, (">=", ">", "<=", "<")) if k in meta))
 
 
 def check_fields(obj) -> None:
@@ -92,10 +91,9 @@ class DecodeConfig(_Section):
                              "a block's full forward commits only its first position, cached steps feed from the "
                              "block start) or shifted (dInfer's window from one position earlier; docs/decoding.md)",
                              choices=DREAM_DECODING)
-    fixed_matmul_rows: int = _f(0, "run every projection as matmuls of exactly this many rows (the last "
-                                "zero-padded), so a row's result never depends on what it is batched with, on "
-                                "kernels where it otherwise does (each worker checks at start: /version, "
-                                "dllm:batch_invariant; docs/decoding.md). 0: one matmul per projection", ge=0)
+    fixed_matmul_rows: int = _f(0, "run every projection as matmuls of exactly this many rows (the last zero-padded), "
+                                "so a row's result never depends on its batch, on kernels where it otherwise does "
+                                "(docs/decoding.md). 0: one matmul per projection", ge=0)
     block_causal_finalise: str = _f("fused", "block-causal families (SDAR): fused writes a finished block's KV in "
                                     "the next block's first forward (exact, a forward a block saved); separate "
                                     "runs a forward of its own for it first (the unfused reference); recompute "
@@ -139,13 +137,16 @@ class SchedulingConfig(_Section):
     num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens", ge=1)
     kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)", ge=1)
     routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
-                      "(load) or with the earliest predicted completion from its step-time model (completion)",
-                      choices=("load", "completion"))
+                      "(load) or the earliest predicted completion (completion)", choices=("load", "completion"))
+    scheduling_policy: str = _f("fcfs", "the order a worker admits waiting prefills and re-prefills in: fcfs "
+                                "(arrival) or deadline (earliest SLO deadline first; a request that can no longer meet "
+                                "its SLO yields; docs/slo.md)", choices=("fcfs", "deadline"))
+    default_deadline_s: float = _f(30.0, "deadline scheduling: a request without an SLO is due this long after it "
+                                   "arrives (its place in line only), and a late one yields by as much", gt=0.0)
     overflow_threshold_tokens: int = _f(8192, "theta: outstanding prefill tokens past which hybrid overflows", ge=0)
-    kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver is picked at "
-                          "dispatch and each layer is sent as the prefill forward finishes it) or "
-                          "after_prefill (picked and sent once the prefill step is done)",
-                          choices=("layerwise", "after_prefill"))
+    kv_transfer: str = _f("layerwise", "disaggregated KV handoff: layerwise (the receiver picked at dispatch, each "
+                          "layer sent as the prefill forward finishes it) or after_prefill (picked and sent once the "
+                          "prefill step is done)", choices=("layerwise", "after_prefill"))
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,8 @@ class ClusterConfig(_Section):
     worker_malloc_trim_s: float = _f(10.0, "a worker that goes idle returns freed heap memory to the OS "
                                      "(glibc malloc_trim) at most this often; 0: never", ge=0.0)
     cpu_malloc_hold_mb: int = _f(128, "CPU workers: glibc keeps up to this many MB of freed activations for reuse "
-                                 "(its mmap and trim thresholds) instead of page-faulting fresh memory every "
-                                 "forward; the idle trim still returns "
-                                 "it. 0: glibc's defaults; at most 2047", ge=0, le=2047)
+                                 "instead of page-faulting fresh memory every forward (the idle trim still returns "
+                                 "it). 0: glibc's defaults", ge=0, le=2047)
 
 
 @dataclass(frozen=True)

@@ -134,11 +134,13 @@ class DecodeParams:
 
 @dataclass(frozen=True, slots=True)
 class BlockPolicy:
-    """One block's commit rule: the first set of `steps`, `factor`, `entropy_bound`, else `threshold`."""
+    """One block's commit rule: the first set of `steps`, `factor`, `entropy_bound`, else `threshold`; and its
+    `priority` among a worker's waiting blocks (smaller first; ties in arrival order; 0 for all under FCFS)."""
     threshold: float
     factor: float | None = None
     steps: int | None = None
     entropy_bound: float | None = None
+    priority: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):

@@ -33,6 +33,10 @@ class DecodePolicy(Protocol):
         .worker, .lease) to change. Called every scheduling tick; a policy rate-limits itself."""
         ...
 
+    def is_hopeless(self, request_id: str) -> bool:
+        """At its last decision no allowed threshold was predicted to meet the request's SLO."""
+        ...
+
 
 class StaticPolicy:
     """Decides from the request alone: no observations, no revisions."""
@@ -61,6 +65,9 @@ class StaticPolicy:
 
     def revise(self, entries, now: float) -> list[tuple[str, int, BlockPolicy]]:
         return []
+
+    def is_hopeless(self, request_id: str) -> bool:
+        return False
 
 
 def request_rule(state: RequestState, block_index: int, default_threshold: float) -> BlockPolicy:

@@ -17,13 +17,15 @@ from .load_control import LoadController, arrival_rate, demand_rate
 from ..costmodel.worker_speed import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
 from ..costmodel.work_ahead import Others, queued_seconds
-from .thresholds import allowed, choose_indices, remaining_seconds
+from .thresholds import allowed, allowed_mask, choose_indices, forwards_per_block, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2
 REVISE_INTERVAL_S = 0.2
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
 ARRIVAL_WINDOWS_S = (1.0, 5.0)
 OTHERS_REFRESH_S = 0.02
+CALIBRATION_QUANTILE = 0.85      # of finished requests' actual / predicted latency: the factor predictions are scaled by
+CALIBRATION_MIN = 20            # finished requests before the factor applies
 
 
 class SLOPolicy(StaticPolicy):
@@ -46,9 +48,12 @@ class SLOPolicy(StaticPolicy):
         self.where: dict[str, int] = {}
         self.decided: dict[str, dict[int, float]] = collections.defaultdict(dict)
         self.first_guess: dict[str, float] = {}
+        self.first_latency: dict[str, float] = {}                    # predicted end-to-end seconds at admission
+        self.latency_ratios: collections.deque = collections.deque(maxlen=200)    # actual / that prediction
         self.work: dict[str, np.ndarray] = {}                        # latest remaining forwards per candidate
         self.recomputes: dict[str, np.ndarray] = {}
         self.chosen: dict[str, int] = {}
+        self.hopeless: set[str] = set()       # no allowed threshold predicted to meet the SLO at the last decision
         self.new_work: np.ndarray | None = None
         self.blocks_per_request = 1.0
         self.block_forwards: dict[float, float] = {}
@@ -64,6 +69,17 @@ class SLOPolicy(StaticPolicy):
         self.online_guess: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
         self.predict_s = collections.deque(maxlen=1024)
         self.predict_rows = collections.deque(maxlen=1024)
+
+    @property
+    def latency_scale(self) -> float:
+        """How far finished requests' latency ran past its prediction at admission (a quantile of the ratio over
+        the recent ones): the predictions of the queue and of the forwards left err together, by load."""
+        if len(self.latency_ratios) < CALIBRATION_MIN:
+            return 1.0
+        return float(np.clip(np.quantile(self.latency_ratios, CALIBRATION_QUANTILE), 0.5, 4.0))
+
+    def is_hopeless(self, request_id: str) -> bool:
+        return request_id in self.hopeless
 
     @property
     def cap(self) -> float:
@@ -91,6 +107,8 @@ class SLOPolicy(StaticPolicy):
         if output.finish_reason in ("stop", "length"):
             if rid in self.first_guess:
                 self.errors["oneshot"].append(self.first_guess[rid] - total)
+            if rid in self.first_latency and output.stats.latency_s and self.first_latency[rid] > 0:
+                self.latency_ratios.append(output.stats.latency_s / self.first_latency[rid])
             for done, remaining in self.online_guess.get(rid, ()):
                 self.errors["online"].append(done + remaining - total)
             stats = output.stats
@@ -107,8 +125,9 @@ class SLOPolicy(StaticPolicy):
                                                                       0.95 * self._f + 0.05 * f)
             self.finished += 1
         for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess,
-                  self.work, self.recomputes, self.chosen):
+                  self.work, self.recomputes, self.chosen, self.first_latency):
             d.pop(rid, None)
+        self.hopeless.discard(rid)
         self._queue_version += 1
 
     @property
@@ -172,6 +191,9 @@ class SLOPolicy(StaticPolicy):
         r, n = len(items), len(cands)
         current = np.asarray(current)
         fut, fut_blocks = pred["fut_forwards"].reshape(r, n), pred["fut_blocks"].reshape(r, n)
+        per_block = forwards_per_block(cands, self.block_forwards) if self.predictor.name == "simple" else None
+        if per_block is not None:     # the estimator prices later blocks alike at every threshold: not so
+            fut = fut_blocks * per_block[None, :]
         block_rem = np.where(current[:, None], pred["block_rem"].reshape(r, n), cur["block_rem"][:, None])
         starting = np.asarray([c and p.step == 0 for c, p in zip(current, progs)])
         work = block_rem + fut
@@ -179,12 +201,20 @@ class SLOPolicy(StaticPolicy):
         causal = np.asarray([st.params.block_causal for st, _ in items])
         first = np.asarray([k == 0 for _, k in items])
         recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
-        secs, alone = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
-        pick = choose_indices(cands, secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack, alone)
+        secs, bound, alone = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
+        scale = self.latency_scale
+        pick = choose_indices(cands, scale * secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack,
+                              alone)
+        # hopeless only when even the worker to itself could not make it: the queue estimate errs under load
+        meets = (allowed_mask(cands, self.cap, self.floor) & (bound <= np.asarray(budgets)[:, None])).any(axis=1)
         out = []
         for i, ((st, k), p, j) in enumerate(zip(items, progs, pick)):
             tau = cands[j]
             rid = st.request_id
+            if meets[i]:
+                self.hopeless.discard(rid)
+            else:
+                self.hopeless.add(rid)
             self.decided[rid][k] = tau
             if rid not in self.work:
                 self._queue_version += 1
@@ -198,14 +228,15 @@ class SLOPolicy(StaticPolicy):
             remaining = float(work[i, j])
             if rid not in self.first_guess:
                 self.first_guess[rid] = p.forwards + remaining
+                self.first_latency[rid] = now - st.arrived_at + float(secs[i, j])
             else:
                 self.online_guess[rid].append((p.forwards, remaining))
             out.append(tau)
         return out
 
-    def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> tuple[np.ndarray, np.ndarray]:
+    def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> tuple[np.ndarray, ...]:
         """[R, C] predicted remaining latency with the work ahead on the request's worker (the best one if unplaced),
-        and [R] whether the request would have its worker to itself."""
+        [R, C] the same with the worker to itself (a lower bound), and [R] whether it would have it to itself."""
         units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
         workers = list(units)
         new = {st.request_id for st, _ in items if st.request_id not in self.work}    # admissions in this call
@@ -218,10 +249,12 @@ class SLOPolicy(StaticPolicy):
             t_iter = np.asarray([c[0] for c in costs])[:, None]
             t_wait = np.asarray([c[1] for c in costs])[:, None]
             alone = np.asarray([solo(st.request_id) and all(r == st.request_id for r in self.work) for st, _ in items])
-            return remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait), alone
+            secs = remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait)
+            return secs, secs, alone
         others = self._others(workers)
-        secs = np.empty_like(work)
+        secs, bound = np.empty_like(work), np.empty_like(work)
         alone = np.zeros(len(items), dtype=bool)
+        nobody = Others.empty()
         # a burst decided in one call: each new request sees those before it at the cap's work, 1/W on each worker
         at_cap = int(np.argmin(np.abs(np.asarray(self.candidates) - self.cap)))
         peers: list[tuple[float, float, float]] = []
@@ -238,10 +271,12 @@ class SLOPolicy(StaticPolicy):
             ahead = {o: others[o].plus(peers, 1.0 / len(workers)) for o in options} if peers else others
             per = [queued_seconds(work[i], recomputes[i], canvas, ahead[o], units[o], own) for o in options]
             secs[i] = np.min(per, axis=0)
+            bound[i] = np.min([queued_seconds(work[i], recomputes[i], canvas, nobody, units[o]) for o in options],
+                              axis=0)
             alone[i] = solo(rid) and any(others[o].weight.sum() - (own[2] if own else 0.0) < 1e-9 for o in options)
             if rid not in self.work:
                 peers.append((float(work[i, at_cap]), float(recomputes[i, at_cap]), canvas))
-        return secs, alone
+        return secs, bound, alone
 
     def _others(self, workers: list[int]) -> dict[int, Others]:
         """Live requests' remaining work per worker (an unplaced one: 1/W on each). Cached until the live set changes

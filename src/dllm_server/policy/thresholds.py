@@ -12,6 +12,18 @@ def remaining_seconds(block_rem: float, fut_forwards: float, fut_blocks: float, 
     return (block_rem + fut_forwards) * iteration_s + fut_blocks * reprefill_wait_s
 
 
+def forwards_per_block(candidates: tuple[float, ...], observed: dict[float, float]) -> np.ndarray | None:
+    """[C] forwards a block takes at each candidate: as blocks ran at it (`observed`), interpolated in the
+    threshold between observed ones and held flat past them, never fewer at a higher threshold; None before any."""
+    if not observed:
+        return None
+    xs = sorted(observed)
+    out = np.interp(np.asarray(candidates, dtype=float), xs, [observed[x] for x in xs])
+    order = np.argsort(candidates)
+    out[order] = np.maximum.accumulate(out[order])
+    return out
+
+
 def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[float, ...]:
     """Candidates (highest first) between the quality floor and the cap; never empty: the floor's nearest survives."""
     ok = tuple(c for c in candidates if floor <= c <= cap)
@@ -22,7 +34,7 @@ def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[fl
 
 
 @functools.lru_cache(maxsize=256)
-def _allowed_mask(candidates: tuple[float, ...], cap: float, floor: float) -> np.ndarray:
+def allowed_mask(candidates: tuple[float, ...], cap: float, floor: float) -> np.ndarray:
     ok = allowed(candidates, cap, floor)
     return np.asarray([c in ok for c in candidates])
 
@@ -33,7 +45,7 @@ def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s
     """Per request, the index of the highest allowed candidate whose seconds [R, C] fit budgets_s [R] (inf: no SLO),
     else of the lowest allowed. One above `default` must fit with `slack` of the budget to spare, never while load
     control caps, and only for a request `alone` [R] on its worker: the queueing estimate errs most in a burst."""
-    ok = _allowed_mask(candidates, cap, floor)
+    ok = allowed_mask(candidates, cap, floor)
     budgets = np.asarray(budgets_s, dtype=float)[:, None]
     fits = ok & (seconds <= budgets)
     if default is not None:

@@ -63,6 +63,9 @@ class TracingPolicy:
             self.taus.setdefault(rid, {})[k] = pol.threshold
         return changes
 
+    def is_hopeless(self, request_id: str) -> bool:
+        return self.inner.is_hopeless(request_id)
+
     def seed(self, worker_id: int, profile) -> None:
         if getattr(self.inner, "observes", False):
             self.inner.seed(worker_id, profile)

@@ -17,10 +17,11 @@ class Leases:
     """Decides leases; a tick's continued blocks are leased together, the policy asked once for all."""
 
     def __init__(self, placement: str, routing: str, workers: WorkerTable, requests: RequestTable,
-                 load: WorkerLoadModel, policy: DecodePolicy, send: Callable[[int, object], None]):
+                 load: WorkerLoadModel, policy: DecodePolicy, send: Callable[[int, object], None],
+                 ordered: Callable[[Entry, BlockPolicy], BlockPolicy]):
         self.by_completion = routing == "completion" and placement == "colocated"
         self.placement, self.workers, self.requests = placement, workers, requests
-        self.load, self.policy, self.send = load, policy, send
+        self.load, self.policy, self.send, self.ordered = load, policy, send, ordered
         self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block)
 
     def completion(self, entry: Entry) -> dict[int, float] | None:
@@ -42,7 +43,9 @@ class Leases:
 
     def lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
         st = entry.state
-        return self.policy.block_policy(st, st.block_index + 1) if self.keeps(entry, wid, loads) else None
+        if not self.keeps(entry, wid, loads):
+            return None
+        return self.ordered(entry, self.policy.block_policy(st, st.block_index + 1))
 
     def defer(self, entry: Entry, wid: int) -> None:
         self.pending.append((entry, wid, entry.state.block_index))
@@ -58,5 +61,6 @@ class Leases:
         todo = [(e, w) for e, w in live if self.keeps(e, w)]
         policies = self.policy.block_policies([(e.state, e.state.block_index + 1) for e, _ in todo])
         for (e, w), then in zip(todo, policies):
+            then = self.ordered(e, then)
             self.requests.set_lease(e, then)
             self.send(w, ContinueBlock(e.state.request_id, e.state.block_index, then))

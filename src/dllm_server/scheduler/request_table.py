@@ -20,6 +20,7 @@ class Entry:
     first_step_at: float | None = None
     done: bool = False
     lease: object | None = None        # the BlockPolicy leased for the next block
+    policy: object | None = None       # the BlockPolicy its current block was last sent with
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class RequestTable:
             return None
         k = entry.state.block_index
         if block_index == k:
+            entry.policy = policy
             return entry.worker, ReviseBlock(request_id, k, policy)
         if block_index == k + 1 and request_id in self.leased:
             self.set_lease(entry, policy)

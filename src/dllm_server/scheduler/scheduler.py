@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..decoding.params import BlockPolicy
-from ..messages import (Abort, BlockDone, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
+from ..messages import (Abort, BlockDone, ContinueBlock, ReviseBlock, Evicted, HandoffDone, InstallKV, KVSent, LoadReport,
                         PrefillDone, StepDelta, WorkerFailed, WorkerReady)
 from .handoffs import FallBack, Handoffs, InstallBlock, Moved, Send
 from ..request.output import advance, progress_event
 from .leases import Leases
+from .ordering import FCFS, block_priority, deadline_at, is_late
 from .placement import pick_by_completion, pick_prefill_worker
 from ..policy.base import DecodePolicy
 from ..costmodel.worker_speed import WorkerLoadModel
@@ -25,6 +26,7 @@ from .counters import Counters
 from .worker_table import WorkerTable
 
 log = logging.getLogger(__name__)
+REORDER_INTERVAL_S = 0.2      # how often late requests are moved back (the policy revises as often)
 
 
 @dataclass(slots=True)
@@ -43,6 +45,7 @@ class Scheduler:
                  policy: DecodePolicy, clock: Callable[[], float] = time.monotonic,
                  load: WorkerLoadModel | None = None, batch_arrivals: bool = False):
         self.config = config
+        self.default_slo_s = None if config.default_slo_ms is None else config.default_slo_ms / 1e3
         self.tokenizer = tokenizer
         self.send = send
         self.policy = policy
@@ -55,7 +58,9 @@ class Scheduler:
         self.handoffs = Handoffs(self.workers, config.kv_transfer == "layerwise", clock, self.counters)
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self.ticks, self.tick_s = 0, 0.0
-        self.leases = Leases(config.placement, config.routing, self.workers, self.requests, self.load, policy, send)
+        self.leases = Leases(config.placement, config.routing, self.workers, self.requests, self.load, policy, send,
+                             self.ordered)
+        self.order, self._reordered_at = config.scheduling_policy, -1e9
         self.failure: str | None = None
         # an observing policy decides a turn's arrivals together: one at a time, a burst's first iteration
         # would seat only its first request
@@ -72,12 +77,39 @@ class Scheduler:
             self._dispatch(entry, self._block_policy(entry))
 
     def tick(self) -> None:
-        """End of the driver's turn: admit its arrivals together, then the policy's revisions."""
+        """End of the driver's turn: admit its arrivals together, then the policy's revisions, then places in line."""
         if self._arrivals:
             self._admit_arrivals()
         if self._revise_due:
             self._revise_due = False
             self._revise()
+        if self.order != FCFS and self.clock() - self._reordered_at >= REORDER_INTERVAL_S:
+            self._reorder()
+
+    def ordered(self, entry: Entry, policy: BlockPolicy) -> BlockPolicy:
+        """`policy` with the request's place in line (scheduler/ordering.py)."""
+        if self.order == FCFS:
+            return policy
+        st = entry.state
+        slo_s = st.sampling.slo_ms / 1e3 if st.sampling.slo_ms is not None else self.default_slo_s
+        late = is_late(slo_s, deadline_at(entry.arrived_at, slo_s, self.config.default_deadline_s), self.clock(),
+                       self.policy.is_hopeless(st.request_id))
+        p = block_priority(self.order, entry.arrived_at, slo_s, self.config.default_deadline_s, late)
+        return policy if p == policy.priority else dataclasses.replace(policy, priority=p)
+
+    def _reorder(self) -> None:
+        """Blocks whose place in line moved since they were sent (their request turned late) get it now."""
+        self._reordered_at = self.clock()
+        for e in self.requests:
+            if e.worker is None or e.policy is None:
+                continue
+            now = self.ordered(e, e.policy)
+            if now is not e.policy:
+                e.policy = now
+                self.send(e.worker, ReviseBlock(e.state.request_id, e.state.block_index, now))
+            if e.lease is not None and (then := self.ordered(e, e.lease)) is not e.lease:
+                self.requests.set_lease(e, then)
+                self.send(e.worker, ContinueBlock(e.state.request_id, e.state.block_index, then))
 
     @property
     def has_tick_work(self) -> bool:
@@ -122,6 +154,7 @@ class Scheduler:
         if wid is None:
             self.requests.pending.append(_Retry(st.request_id, policy, any_role, step_offset))
             return
+        policy = self.ordered(entry, policy)
         role = self.workers[wid].role
         if role == "decode":
             self.counters.prefills_overflowed += 1
@@ -132,6 +165,7 @@ class Scheduler:
         if lease_later and not handoff:
             self.leases.defer(entry, wid)
         msg = st.submit_msg(policy, then, step_offset)
+        entry.policy = policy
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
         entry.worker = wid
@@ -184,6 +218,9 @@ class Scheduler:
 
     def _revise(self) -> None:
         for rid, k, policy in self.policy.revise(self.requests, self.clock()):
+            entry = self.requests.get(rid)
+            if entry is not None:
+                policy = self.ordered(entry, policy)
             if (out := self.requests.revision(rid, k, policy)) is not None:
                 self.send(*out)
 
@@ -191,8 +228,11 @@ class Scheduler:
         """Held handoffs and blocks that found no worker with room, tried again."""
         self._run(self.handoffs.retry_held())
         pending = self.requests.pending
-        for _ in range(len(pending)):
-            r = pending.popleft()
+        waiting = [pending.popleft() for _ in range(len(pending))]
+        if self.order != FCFS:       # the earliest deadline gets the first worker with room
+            waiting.sort(key=lambda r: self.ordered(e, r.policy).priority if (e := self.requests.get(r.request_id))
+                         else 0.0)
+        for r in waiting:
             entry = self.requests.get(r.request_id)
             if entry is not None:
                 self._dispatch(entry, r.policy, r.any_role, r.step_offset)
@@ -235,6 +275,7 @@ class Scheduler:
                 entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
         if isinstance(msg, BlockDone):
             self.workers.uncharge(entry)
+            entry.policy = entry.lease if outcome.continued else None     # a lease is the next block's policy
             self.requests.set_lease(entry, None)
             self._run(self.handoffs.release(st.request_id))
             entry.worker = wid if outcome.continued else None
@@ -259,6 +300,7 @@ class Scheduler:
             if isinstance(a, InstallBlock):
                 then = self.leases.lease(entry, a.dst) if entry.state.params.block_causal else None
                 self.requests.set_lease(entry, then)
+                entry.policy = a.policy
                 self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
             elif isinstance(a, Moved):
                 entry.worker = a.dst

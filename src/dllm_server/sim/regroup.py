@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..cluster.layout import Layout
 from ..cluster.regroup import Reconfigurer
 from ..costmodel.gpu import MODELS
-from .behaviour import ParametricBehaviour
+from .behaviour import CURVES, ParametricBehaviour
 from .cluster import RECONF, REGROUP_DONE, Simulator
 from .instances import layout_instances
 
@@ -13,13 +13,15 @@ from .instances import layout_instances
 ASSUMED_RESTART_S = 10.0
 
 
-def layout_simulator(degrees, cost_for, config, model: str = "llada-8b", seed: int = 0) -> Simulator:
+def layout_simulator(degrees, cost_for, config, model: str = "llada-8b", seed: int = 0,
+                     curve: str = "dilaserve") -> Simulator:
     """A colocated Simulator of one layout (an instance per entry of `degrees`), not run yet."""
     insts = layout_instances(degrees, cost_for, config.page_size)
     uniform = len(set(degrees)) == 1
     cfg = config.replace(num_workers=len(insts), tensor_parallel_size=degrees[0] if uniform else 1)
     shape = MODELS[model]
-    return Simulator(cfg, None, ParametricBehaviour(model, seed), shape.model_info(), logit_shift=shape.logit_shift,
+    behaviour = ParametricBehaviour(model, seed, CURVES[curve][model])
+    return Simulator(cfg, None, behaviour, shape.model_info(), logit_shift=shape.logit_shift,
                      costs=[i.cost for i in insts], pages=[i.num_pages for i in insts])
 
 

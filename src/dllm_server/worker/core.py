@@ -39,7 +39,7 @@ class WorkerCore:
         self.emit = emit                    # sends at once: a KVSent must leave before its data
         self.policy = config.policy
         self.tasks: dict[str, BlockTask] = {}
-        self.waiting: list[tuple[int, int, str]] = []   # keys of WAITING tasks, kept sorted (arrival order)
+        self.waiting: list[tuple[float, int, int, str]] = []   # keys of WAITING tasks, kept sorted (arrival order)
         self.ready: list[str] = []
         self.active: list[str] = []
         self.deficit_tokens = 0
@@ -85,7 +85,12 @@ class WorkerCore:
     def revise_block(self, msg: ReviseBlock) -> list:
         t = self.tasks.get(msg.request_id)
         if t is not None and t.block_index == msg.block_index:
-            t.policy = msg.policy
+            if t.phase == WAITING and msg.policy.priority != t.policy.priority:   # its place in line moves
+                self.waiting.remove(t.key)
+                t.policy = msg.policy
+                bisect.insort(self.waiting, t.key)
+            else:
+                t.policy = msg.policy
         return []
 
     def evict(self, msg: Evict) -> list:
@@ -166,7 +171,7 @@ class WorkerCore:
 
     @property
     def outstanding_prefill_tokens(self) -> int:
-        return sum(self.tasks[rid].canvas.numel() for _, _, rid in self.waiting)
+        return sum(self.tasks[rid].canvas.numel() for *_, rid in self.waiting)
 
     def load_report(self, worker_id: int, num_iterations: int, iteration_s: float,
                     messages_handled: int = 0) -> LoadReport:
@@ -222,7 +227,7 @@ class WorkerCore:
         return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary)
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
-        waiting = [self.tasks[rid] for _, _, rid in self.waiting]
+        waiting = [self.tasks[rid] for *_, rid in self.waiting]
         cache = self.prefix_cache
         if cache is not None:
             for t in waiting:
@@ -246,7 +251,7 @@ class WorkerCore:
         if waiting[len(admitted) - 1] is admitted[-1]:
             del self.waiting[: len(admitted)]          # a prefix, unless page holders passed a stalled head
         else:
-            self.waiting = [k for k in self.waiting if k[2] not in chosen]
+            self.waiting = [k for k in self.waiting if k[-1] not in chosen]
         # Cache hits first: once referenced they cannot be reclaimed by the allocations that follow.
         shared = {t.request_id: self._lookup(t) for t in admitted if t.alloc is None and t.prefix_keys}
         for t in admitted:

@@ -39,8 +39,8 @@ class BlockTask:
     prefix_hits: int = 0                # leading prefix_keys it references in the cache
 
     @property
-    def key(self) -> tuple[int, int, str]:
-        return (self.arrival_seq, self.block_index, self.request_id)
+    def key(self) -> tuple[float, int, int, str]:
+        return (self.policy.priority, self.arrival_seq, self.block_index, self.request_id)
 
     def next_block(self) -> None:
         self.block_index += 1
