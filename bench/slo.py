@@ -124,7 +124,8 @@ def specs_of(a) -> list[RequestSpec]:
 
 
 def server_flags(a) -> list[str]:
-    return ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096"]
+    return ["--dtype", a.dtype, "--threads-per-worker", str(a.threads), "--max-waiting-requests", "4096",
+            "--scheduling-policy", a.scheduling_policy]
 
 
 # 1. The SLO: --slo-factor x the --unloaded-quantile of fixed 0.9's latency, --unloaded-requests
@@ -312,6 +313,8 @@ def main() -> None:
     ap.add_argument("--start-rate", type=float, default=2.0)
     ap.add_argument("--max-rate", type=float, default=64.0)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--scheduling-policy", default="deadline", choices=("fcfs", "deadline"),
+                    help="every server's --scheduling-policy")
     ap.add_argument("--json", default="docs/results/slo.json")
     ap.add_argument("--plot", default="docs/img/slo.png")
     one = ap.add_argument_group("one configuration at one rate (--at-rate)")

@@ -156,6 +156,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quantile", type=float, default=0.3)
+    ap.add_argument("--scheduling-policy", default="deadline", choices=("fcfs", "deadline"))
     ap.add_argument("--fixed-low", type=float, default=None,
                     help="also run every round at this fixed threshold (e.g. 0.5), against the same SLO")
     ap.add_argument("--per-request", action="store_true",
@@ -169,7 +170,8 @@ def main() -> None:
     if a.from_json:
         return report(json.loads(Path(a.from_json).read_text()), a.waves, a.per_request)
     with tempfile.TemporaryDirectory() as tmp:
-        r = run(a.model, a.requests, a.rounds, a.quantile, Path(tmp), low=a.fixed_low)
+        r = run(a.model, a.requests, a.rounds, a.quantile, Path(tmp), ("--scheduling-policy", a.scheduling_policy),
+                low=a.fixed_low)
     report(r, a.waves, a.per_request)
     if a.json:
         write_json(a.json, r, indent=2)

@@ -61,7 +61,8 @@ def digest(result, rc=None) -> tuple[str, int]:
 def main() -> None:
     torch.set_num_threads(1)
     cost = {d: gpu_cost(MODEL, "h100", block_length=BLOCK, tp=d) for d in (1, 2, 4, 8)}
-    base = dict(block_length=BLOCK, threshold=0.9, token_budget=1024, max_waiting_requests=1 << 20)
+    base = dict(block_length=BLOCK, threshold=0.9, token_budget=1024, max_waiting_requests=1 << 20,
+                scheduling_policy="fcfs")
     slo = dict(threshold_policy="slo", slo_thresholds="0.95,0.9,0.8,0.7", quality_floor=0.7, load_control=True,
                routing="completion")
     reqs = requests([0.3, 0.9, 1.4, 0.5], 20.0, 3.0, seed=0)

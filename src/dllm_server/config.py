@@ -138,7 +138,7 @@ class SchedulingConfig(_Section):
     kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)", ge=1)
     routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
                       "(load) or the earliest predicted completion (completion)", choices=("load", "completion"))
-    scheduling_policy: str = _f("fcfs", "the order a worker admits waiting prefills and re-prefills in: fcfs "
+    scheduling_policy: str = _f("deadline", "the order a worker admits waiting prefills and re-prefills in: fcfs "
                                 "(arrival) or deadline (earliest SLO deadline first; a request that can no longer meet "
                                 "its SLO yields; docs/slo.md)", choices=("fcfs", "deadline"))
     default_deadline_s: float = _f(30.0, "deadline scheduling: a request without an SLO is due this long after it "

@@ -16,7 +16,8 @@ from dllm_server.scheduler.scheduler import Scheduler
 from dllm_server.engine.stats import snapshot
 from dllm_server.scheduler.worker_table import WorkerTable
 from dllm_server.messages import (Abort, BlockDone, ContinueBlock, HandoffDone, HandoffKV, InstallKV, KVSent,
-                                  LoadReport, ModelInfo, PrefillDone, ReceiveKV, SetPolicy, StepDelta, SubmitBlock,
+                                  LoadReport, ModelInfo, PrefillDone, ReceiveKV, ReviseBlock, SetPolicy, StepDelta,
+                                  SubmitBlock,
                                   WorkerReady)
 
 MASK, EOS = 261, 256
@@ -33,16 +34,17 @@ class Clock:
 
 
 def make(roles, pages=64, **cfg):
+    """A scheduler over fake workers; arrival order (the lease and routing mechanics, not the ordering's)."""
     sent, clock = [], Clock()
-    config = ServerConfig(block_length=8, **cfg)
+    config = ServerConfig(block_length=8, **{"scheduling_policy": "fcfs", **cfg})
     s = Scheduler(config, roles, None, lambda w, m: sent.append((w, m)), FixedPolicy(0.9), clock)
     for w in range(len(roles)):
         s.on_messages(w, [WorkerReady(w, pages if roles[w] != "decode" else pages, 16, INFO)])
     return s, sent, clock
 
 
-def request(rid, max_tokens=24, prompt=(1, 2, 3), stream=STREAM_NONE, seq=0):
-    params = SamplingParams(max_tokens=max_tokens)
+def request(rid, max_tokens=24, prompt=(1, 2, 3), stream=STREAM_NONE, seq=0, slo_ms=None):
+    params = SamplingParams(max_tokens=max_tokens, slo_ms=slo_ms)
     st = RequestState(rid, None, list(prompt), params, params.resolve(8, 1), MASK,
                       (EOS,), seq)
     return Entry(st, asyncio.Queue(), stream, 0.0)
@@ -245,3 +247,21 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
     s.add(request("a"))
     s.add(request("b", seq=1))
     assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]
+
+
+def test_deadline_scheduling_sends_each_block_its_place_in_line_and_moves_a_late_one_back():
+    s, sent, clock = make(["colocated"], scheduling_policy="deadline", default_deadline_s=30.0)
+    tight, free = request("tight", slo_ms=2000.0), request("free", seq=1)
+    s.add(tight), s.add(free)
+    s.tick()
+    first = {m.request_id: m.policy.priority for _, m in sent if isinstance(m, SubmitBlock)}
+    t0 = tight.arrived_at
+    assert first == {"tight": t0 + 2.0, "free": free.arrived_at + 30.0}
+    sent.clear()
+    clock.t += 5.0                                   # past the tight request's deadline: late, it yields
+    s.tick()
+    moved = [m for _, m in sent if isinstance(m, ReviseBlock)]
+    assert [(m.request_id, m.policy.priority) for m in moved] == [("tight", t0 + 2.0 + 30.0)]
+    assert s.counters.requests_yielded == 1
+    s.tick()                                         # once is enough
+    assert s.counters.requests_yielded == 1

@@ -20,3 +20,4 @@ class Counters:
     blocks_evicted: int = 0                 # taken back from a draining instance before they started
     reconfigurations: int = 0
     drain_seconds: float = 0.0
+    requests_yielded: int = 0               # deadline scheduling: requests moved back once late (ordering.py)

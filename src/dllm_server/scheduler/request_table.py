@@ -21,6 +21,7 @@ class Entry:
     done: bool = False
     lease: object | None = None        # the BlockPolicy leased for the next block
     policy: object | None = None       # the BlockPolicy its current block was last sent with
+    yielded: bool = False              # moved back in line as late (deadline scheduling)
 
 
 @dataclass(slots=True)

@@ -95,6 +95,9 @@ class Scheduler:
         late = is_late(slo_s, deadline_at(entry.arrived_at, slo_s, self.config.default_deadline_s), self.clock(),
                        self.policy.is_hopeless(st.request_id))
         p = block_priority(self.order, entry.arrived_at, slo_s, self.config.default_deadline_s, late)
+        if late and not entry.yielded:
+            entry.yielded = True
+            self.counters.requests_yielded += 1
         return policy if p == policy.priority else dataclasses.replace(policy, priority=p)
 
     def _reorder(self) -> None:
