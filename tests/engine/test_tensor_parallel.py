@@ -11,7 +11,7 @@ from dllm_server import LLM
 from dllm_server.config import ServerConfig
 from dllm_server.engine.async_engine import AsyncEngine
 
-from tests.live import kill_fails_fast, recovers, running, slow_requests
+from tests.live import kill_resumes, recovers, running, slow_requests
 from .test_placements import mixed_requests
 
 
@@ -32,14 +32,14 @@ async def test_tp2_instance_matches_offline_tp1_in_float64(request, arch, cache)
     assert all(o.finish_reason in ("stop", "length") for o in outs)
 
 
-async def test_a_killed_follower_ends_its_instance_then_it_comes_back(tiny_llada):
+async def test_a_killed_follower_ends_its_instance_its_requests_resume_and_it_comes_back(tiny_llada):
     config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1,
                           tensor_parallel_size=2)
     async with running(config) as engine:
         tasks, ended = slow_requests(engine, 20)
         await asyncio.sleep(1.0)
         leader, follower = engine.stats().workers[0].rank_pids
-        await kill_fails_fast(follower, tasks, ended)
+        await kill_resumes(engine, follower, tasks, 20)
         await recovers(engine)
         pids = engine.stats().workers[0].rank_pids
         assert leader not in pids and follower not in pids

@@ -69,18 +69,19 @@ def test_a_hung_worker_is_killed_by_the_watchdog(tiny_llada, tmp_path, figures):
         failed_after = time.monotonic() - t0
         for t in threads:
             t.join(60)
-        assert r.status_code == 500 and "hung" in r.json()["error"]["message"], r.text
-        assert all(res["status"] == 200 and res["done"] and any("hung" in e for e in res["errors"])
+        # the hung worker's requests resume on its restarted successor: answered, none failed
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
+        assert all(res["status"] == 200 and res["done"] and res["finish"] == ["length"] and not res["errors"]
                    for res in results), results
         assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
         healthy_after = time.monotonic() - t0
         ok = httpx.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 8}, timeout=60)
         m = metrics(s.url)
-        figures("worker hang (watchdog 2 s)", requests_failed_after_s=round(failed_after, 2),
+        figures("worker hang (watchdog 2 s)", requests_answered_after_s=round(failed_after, 2),
                 healthy_again_after_s=round(healthy_after, 2), worker_hangs=m["dllm:worker_hangs_total"],
-                worker_restarts=m["dllm:worker_restarts_total"], error=r.json()["error"]["message"])
-        assert ok.status_code == 200 and m["dllm:worker_hangs_total"] == 1
-        assert failed_after < 2 + 8 and not alive(victim) and worker_pids(s.pid) != [victim]
+                worker_restarts=m["dllm:worker_restarts_total"], requests_resumed=m["dllm:requests_resumed_total"])
+        assert ok.status_code == 200 and m["dllm:worker_hangs_total"] == 1 and m["dllm:requests_resumed_total"] >= 4
+        assert not alive(victim) and worker_pids(s.pid) != [victim]
     finally:
         s.stop()
 
@@ -107,14 +108,14 @@ def test_a_decode_worker_killed_mid_handoff(disaggregated, figures):
         t.join(60)
     assert len(results) == 16 and all(res["done"] for res in results), results
     ends = [res["finish"][-1] if res["finish"] else "error" for res in results]
-    assert set(ends) <= {"length", "error"} and "error" in ends, ends
+    assert set(ends) == {"length"} and not any(res["errors"] for res in results), results   # resumed, none lost
     last_end = max(res["ended_at"] for res in results) - killed_at
     assert wait_for(lambda: httpx.get(s.url + "/health", timeout=30).status_code == 200, 60)
     healthy = time.monotonic() - killed_at
     again = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 16, "steps": 16}, timeout=60)
     figures("decode worker killed mid-handoff", in_flight=16, ended={e: ends.count(e) for e in set(ends)},
             all_ended_within_s=round(last_end, 2), healthy_again_after_s=round(healthy, 2))
-    assert again.status_code == 200 and last_end < 10
+    assert again.status_code == 200 and metrics(s.url)["dllm:requests_resumed_total"] >= 1
     assert not alive(prefill) and not alive(decode)        # a process group restarts together
 
 

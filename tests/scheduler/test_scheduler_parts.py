@@ -135,9 +135,26 @@ def test_abort_and_worker_loss_end_requests_without_hanging():
     s.add(a), s.add(b)
     s.abort("a")
     assert (0, Abort("a")) in sent and a.events.get_nowait().output.finish_reason == "abort"
-    s.on_worker_lost([1], "worker 1 died")
+    s.on_worker_lost([1], "worker 1 died", resume=False)        # nothing will serve it again: it fails
     out = b.events.get_nowait().output
     assert out.finish_reason == "error" and out.error == "worker 1 died" and snapshot(s, {}).num_requests == 0
+
+
+def test_a_lost_workers_requests_resume_from_their_blocks_start_elsewhere():
+    s, sent, _ = make(["colocated", "colocated"])
+    r = request("r", max_tokens=24, prompt=(1, 2, 3))
+    s.add(r)
+    [(w, first)] = of(sent, SubmitBlock)
+    s.on_messages(w, [delta("r", 0, 0, [3, 4], [70, 71], 22)])        # block 0 half done on worker w
+    sent.clear()
+    s.on_worker_lost([w], f"worker {w} died")
+    [(w2, again)] = of(sent, SubmitBlock)
+    assert w2 != w and again.block_index == 0 and again.canvas.tolist() == first.canvas.tolist()   # masked again
+    assert r.state.answer[:2] == [70, 71] and s.counters.requests_resumed == 1 and r.events.empty()
+    r.resumes = 3                                       # its workers keep dying under it (it may be what kills them)
+    s.on_worker_lost([w2], f"worker {w2} died")
+    out = r.events.get_nowait().output
+    assert out.finish_reason == "error" and out.error == f"worker {w2} died (its worker died 4 times under it)"
 
 
 def test_set_policy_reaches_the_workers_and_the_router():

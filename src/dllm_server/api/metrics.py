@@ -71,6 +71,8 @@ class EngineCollector:
                                       labels=labels + ["tp_size"])
         hangs = CounterMetricFamily("dllm:worker_hangs", "workers the watchdog killed: no progress with work in "
                                     "flight for worker_stall_timeout_s", labels=labels)
+        resumed = CounterMetricFamily("dllm:requests_resumed", "requests whose worker died under them, redone from "
+                                      "their block's start on another worker or the restarted one", labels=labels)
         yielded = CounterMetricFamily("dllm:requests_yielded", "requests with an SLO moved back in line once it could "
                                       "no longer be met (deadline scheduling; still served, slo_met false)",
                                       labels=labels)
@@ -121,6 +123,7 @@ class EngineCollector:
             hangs.add_metric(m, c.worker_hangs)
             overflowed.add_metric(m, c.streams_overflowed)
             yielded.add_metric(m, c.requests_yielded)
+            resumed.add_metric(m, c.requests_resumed)
             canvas.add_metric(m, c.canvas_positions)
             canvas_v.add_metric(m, c.canvas_positions)
             ticks.add_metric(m, s.ticks)
@@ -135,7 +138,8 @@ class EngineCollector:
                     step_err.add_metric(m, p["step_time_rel_error"])
         yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
                     continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed,
-                    regroups, drains, evicted, instances, pc_hits, pc_queries, pc_pages, pc_evicted, yielded)
+                    regroups, drains, evicted, instances, pc_hits, pc_queries, pc_pages, pc_evicted, yielded,
+                    resumed)
 
 
 class Metrics:

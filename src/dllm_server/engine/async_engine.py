@@ -216,7 +216,7 @@ class AsyncEngine:
             self.scheduler.on_worker_lost(ids, reason)
         else:
             self.dead = reason
-            self.scheduler.on_worker_lost(list(range(len(self.roles))), reason)
+            self.scheduler.on_worker_lost(list(range(len(self.roles))), reason, resume=False)
 
     def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
                 request_id: str | None = None) -> RequestState:

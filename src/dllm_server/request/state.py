@@ -67,12 +67,17 @@ class RequestState:
         self.stopped = False
         self.detok = IncrementalDetokenizer(decode) if decode is not None else None
 
-    def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0) -> SubmitBlock:
-        """The current block for a worker that does not hold this request's canvas."""
+    def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0,
+                   restart: bool = False) -> SubmitBlock:
+        """The current block for a worker that does not hold this request's canvas; `restart`: from the block's
+        start (its commits so far masked again: a worker died mid-block, and a redone block commits the same)."""
         # NumPy: a fraction of torch.tensor's time on a long Python list
         if self._prompt_array is None:
             self._prompt_array = np.array(self.prompt_ids, dtype=np.int64)
         canvas = torch.from_numpy(np.concatenate((self._prompt_array, np.array(self.answer, dtype=np.int64))))
+        if restart:
+            start, end = self.params.block_bounds(self.prompt_len, self.block_index)
+            canvas[max(start, self.prompt_len):end] = self.mask_id
         return SubmitBlock(self.request_id, self.block_index, self.prompt_len, canvas, self.params, policy,
                            self.stop_ids, self.arrival_seq, step_offset, then=then)
 

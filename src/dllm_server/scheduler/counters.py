@@ -20,4 +20,5 @@ class Counters:
     blocks_evicted: int = 0                 # taken back from a draining instance before they started
     reconfigurations: int = 0
     drain_seconds: float = 0.0
+    requests_resumed: int = 0               # requests whose worker died, redone from their block's start elsewhere
     requests_yielded: int = 0               # deadline scheduling: requests moved back once late (ordering.py)

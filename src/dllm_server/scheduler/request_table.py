@@ -22,6 +22,7 @@ class Entry:
     lease: object | None = None        # the BlockPolicy leased for the next block
     policy: object | None = None       # the BlockPolicy its current block was last sent with
     yielded: bool = False              # moved back in line as late (deadline scheduling)
+    resumes: int = 0                   # times its worker died under it and it was resumed elsewhere
 
 
 @dataclass(slots=True)

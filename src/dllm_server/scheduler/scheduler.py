@@ -26,7 +26,8 @@ from .counters import Counters
 from .worker_table import WorkerTable
 
 log = logging.getLogger(__name__)
-REORDER_INTERVAL_S = 0.2      # how often late requests are moved back (the policy revises as often)
+REORDER_INTERVAL_S = 0.2
+MAX_RESUMES = 3               # a request whose worker keeps dying under it (it may be what kills it) then fails      # how often late requests are moved back (the policy revises as often)
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class _Retry:
     policy: BlockPolicy
     any_role: bool
     step_offset: int
+    restart: bool = False
 
 
 class Scheduler:
@@ -142,7 +144,7 @@ class Scheduler:
         return self.policy.block_policy(st, st.block_index if block_index is None else block_index)
 
     def _dispatch(self, entry: Entry, policy: BlockPolicy, any_role: bool = False, step_offset: int = 0,
-                  lease_later: bool = False) -> None:
+                  lease_later: bool = False, restart: bool = False) -> None:
         st = entry.state
         tokens = st.prompt_len + st.answer_len
         pages = self.workers.pages_for(tokens)
@@ -155,7 +157,7 @@ class Scheduler:
             wid = pick_by_completion(loads, est, pages) if est else \
                 pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:
-            self.requests.pending.append(_Retry(st.request_id, policy, any_role, step_offset))
+            self.requests.pending.append(_Retry(st.request_id, policy, any_role, step_offset, restart))
             return
         policy = self.ordered(entry, policy)
         role = self.workers[wid].role
@@ -167,7 +169,7 @@ class Scheduler:
         self.requests.set_lease(entry, then)
         if lease_later and not handoff:
             self.leases.defer(entry, wid)
-        msg = st.submit_msg(policy, then, step_offset)
+        msg = st.submit_msg(policy, then, step_offset, restart)
         entry.policy = policy
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
@@ -238,7 +240,7 @@ class Scheduler:
         for r in waiting:
             entry = self.requests.get(r.request_id)
             if entry is not None:
-                self._dispatch(entry, r.policy, r.any_role, r.step_offset)
+                self._dispatch(entry, r.policy, r.any_role, r.step_offset, restart=r.restart)
 
     def _on_step(self, entry: Entry, wid: int, msg: StepDelta) -> None:
         if msg.step == 0 or entry.charged is not None:
@@ -321,16 +323,31 @@ class Scheduler:
         for wid, msg in self.workers.set_policy(worker_id, changes):
             self.send(wid, msg)
 
-    def on_worker_lost(self, worker_ids: list[int], reason: str) -> None:
-        """Fail (never hang) every request whose block lives on a lost worker."""
+    def on_worker_lost(self, worker_ids: list[int], reason: str, resume: bool = True) -> None:
+        """Every request whose block lived on a lost worker is resumed from that block's start on another worker
+        (or the restarted one: it waits in the pending queue), never lost; it fails only when nothing will serve
+        it again (`resume` False: the engine is dead) or its worker died under it MAX_RESUMES times."""
         lost = set(worker_ids)
         self.workers.lost(lost)
         for entry in self.requests:
             rid = entry.state.request_id
             dst = self.handoffs.dst(rid)
-            if entry.worker in lost or dst in lost:
-                if entry.charged is not None and entry.charged[0] in lost:
-                    entry.charged = None
-                if dst in lost:
-                    self.handoffs.forget(rid)
-                self._finish(entry, entry.state.finish(finish_reason="error", error=reason), abort_worker=True)
+            if entry.worker not in lost and dst not in lost:
+                continue
+            if entry.charged is not None and entry.charged[0] in lost:
+                entry.charged = None
+            if dst in lost:
+                self.handoffs.forget(rid)
+            if not resume or entry.resumes >= MAX_RESUMES:
+                why = reason if not resume else f"{reason} (its worker died {entry.resumes + 1} times under it)"
+                self._finish(entry, entry.state.finish(finish_reason="error", error=why), abort_worker=True)
+                continue
+            entry.resumes += 1
+            self.counters.requests_resumed += 1
+            if entry.worker is not None and entry.worker not in lost:    # the live end of a handoff drops it
+                self.send(entry.worker, Abort(rid))
+            self._run(self.handoffs.release(rid))
+            self.workers.uncharge(entry)
+            self.requests.set_lease(entry, None)
+            entry.worker = None
+            self._dispatch(entry, self._block_policy(entry), restart=True)
