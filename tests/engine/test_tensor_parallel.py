@@ -1,7 +1,7 @@
 """Tensor-parallel instances served by real worker processes (a leader and a follower over gloo):
 token-identical to the offline API in float64 in every cache mode, both architectures; a killed
-follower ends its instance's requests within 5 s and the instance comes back; an invalid degree
-is refused before any process starts."""
+or a stopped (hung) follower brings its instance down, its requests resume and the instance comes back;
+an invalid degree is refused before any process starts."""
 import asyncio
 import os
 
@@ -45,6 +45,35 @@ async def test_a_killed_follower_ends_its_instance_its_requests_resume_and_it_co
         assert leader not in pids and follower not in pids
         with pytest.raises(ProcessLookupError):        # the leader went with its follower
             os.kill(leader, 0)
+
+
+async def test_a_stopped_follower_is_found_by_the_watchdog_its_requests_resume_and_it_comes_back(tiny_llada):
+    """SIGSTOP of a rank (a hang, not a death): the leader waits in a collective, so the instance owes the
+    front a report; the watchdog kills it within its timeout, the requests resume on the restarted instance
+    (answers equal a fault-free run's) and nothing is left behind (the stopped rank goes with its group)."""
+    import signal
+    import time
+    config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1,
+                          tensor_parallel_size=2, worker_stall_timeout_s=2.0)
+    async with running(config) as engine:
+        tasks, _ = slow_requests(engine, 8)
+        await asyncio.sleep(1.0)
+        leader, follower = engine.stats().workers[0].rank_pids
+        os.kill(follower, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while engine.stats().counters.worker_hangs == 0 and time.monotonic() - stopped_at < 30:
+            await asyncio.sleep(0.05)
+        detected_s = time.monotonic() - stopped_at
+        assert engine.stats().counters.worker_hangs == 1 and detected_s < 2.0 + 5.0, detected_s
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        assert all(o.finish_reason == "length" for o in outs) and engine.stats().counters.requests_resumed >= 1
+        await recovers(engine, requests=2)
+        again, _ = slow_requests(engine, 8)
+        assert [o.token_ids for o in await asyncio.gather(*again)] == [o.token_ids for o in outs]
+        pids = engine.stats().workers[0].rank_pids
+        assert leader not in pids and follower not in pids
+    with pytest.raises(ProcessLookupError):
+        os.kill(follower, 0)
 
 
 def test_an_invalid_degree_is_refused_before_any_worker_starts(tiny_llada):
