@@ -135,6 +135,7 @@ class StepDelta:
     token_ids: tuple[int, ...]
     num_masked: int                   # left in the answer after this step
     features: tuple[float, ...] = ()  # confidence summary of what is still masked
+    logprobs: tuple = ()              # asked for: per token (logprob, ((alternative id, logprob), ...))
 
 
 @dataclass(frozen=True, slots=True)

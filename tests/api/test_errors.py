@@ -10,7 +10,7 @@ BAD_CHAT_FIELDS = [
     ("messages", []), ("messages", "hello"), ("messages", [{"role": "wizard", "content": "x"}]),
     ("max_tokens", 0), ("max_tokens", "ten"), ("max_tokens", 10 ** 6), ("max_completion_tokens", -1),
     ("temperature", -0.5), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("seed", -1),
-    ("seed", 2 ** 64), ("stop", 5), ("stop", [""]), ("n", 0), ("n", 129), ("logprobs", True), ("top_logprobs", 3),
+    ("seed", 2 ** 64), ("stop", 5), ("stop", [""]), ("n", 0), ("n", 129), ("logprobs", 1), ("top_logprobs", 3),
     ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("block_length", 0), ("threshold", 2),
     ("factor", 0), ("steps", 0), ("steps", 10 ** 7), ("remasking", "sideways"), ("remasking", "random"),
     ("stream", "yes"), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.5), ("min_p", -0.1),

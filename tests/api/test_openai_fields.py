@@ -70,7 +70,7 @@ UNSUPPORTED = [
     ("logit_bias", {"50": 5}), ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}),
     ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"),
     ("web_search_options", {}), ("verbosity", "low"), ("store", True), ("metadata", {"k": "v"}),
-    ("service_tier", "flex"), ("logprobs", True), ("top_logprobs", 2), ("presence_penalty", 0.5),
+    ("service_tier", "flex"), ("logprobs", 1), ("top_logprobs", 2), ("top_logprobs", 21), ("presence_penalty", 0.5),
     ("frequency_penalty", -1.0), ("stream_options", {"include_obfuscation": True}),
 ]
 NO_OPS = {"tools": [], "tool_choice": "none", "parallel_tool_calls": True, "functions": [], "function_call": "none",
@@ -90,7 +90,7 @@ def test_unsupported_chat_field_is_a_400_naming_it(server, field, value):
     assert field in err["message"] or err["param"] == field or field in (err["param"] or ""), err
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("logprobs", 1), ("logprobs", 0), ("best_of", 3),
+@pytest.mark.parametrize("field,value", [("echo", True), ("logprobs", 21), ("logprobs", True), ("best_of", 3),
                                          ("suffix", " the end"), ("logit_bias", {"1": -100})])
 def test_unsupported_completion_field_is_a_400_naming_it(server, field, value):
     r = httpx.post(server.url + URL, json={"prompt": "x", "max_tokens": 4, field: value}, timeout=30)

@@ -65,16 +65,10 @@ Metadata = only([EMPTY_OBJECT], _empty(dict), "completions are not stored (metad
                 "only {} (nothing is stored)")
 ServiceTier = only([{"enum": ["auto", "default"]}], _is("auto", "default"), "one service tier",
                    'only "auto" or "default"')
-ChatLogprobs = only([{"const": False}], _is(False),
-                    "a diffusion model commits tokens out of order, so it has no left-to-right log-probabilities",
-                    "only false (see docs/evaluation.md: no left-to-right likelihood)")
-ChatTopLogprobs = only([{"const": 0}], _is(0), "no log-probabilities (see logprobs)", "only 0 (see logprobs)")
 IncludeObfuscation = only([{"const": False}], _is(False), "no stream obfuscation", "only false (not supported)")
 # completions
-Echo = only([{"const": False}], _is(False), "the prompt is not echoed (that needs prompt log-probabilities)",
+Echo = only([{"const": False}], _is(False), "the prompt is not echoed: its log-probabilities would be a masked "
+            "diffusion model's likelihood, an estimate over many samples, not one forward (docs/evaluation.md)",
             "only false")
-CompletionLogprobs = only([], _is(),
-                          "a diffusion model commits tokens out of order, so it has no left-to-right log-probabilities",
-                          "only null (see docs/evaluation.md: no left-to-right likelihood)")
 BestOf = only([{"const": 1}], _is(1), "no ranking of samples by likelihood; use n", "only 1 (use n for samples)")
 Suffix = only([{"const": ""}], _is(""), "no infilling after a suffix", 'only "" (no suffix)')

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, RootModel, StrictBool, StringConstraints,
                       model_validator)
 
-from ..decoding.params import MAX_SEED, SamplingParams
+from ..decoding.params import MAX_LOGPROBS, MAX_SEED, SamplingParams
 from . import openai_fields as of
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,13 @@ class DiffusionFields(OpenAIModel):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         given = {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
         return SamplingParams(max_tokens=max_tokens, remasking=self.remasking, ignore_eos=self.ignore_eos,
-                              stop=tuple(stop) if stop else None, **{**defaults, **given})
+                              stop=tuple(stop) if stop else None, logprobs=self.logprobs_asked,
+                              **{**defaults, **given})
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        """Alternatives per token when log-probabilities are asked for, else None."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -146,8 +152,9 @@ class ChatMessage(OpenAIModel):
 
 class ChatCompletionRequest(DiffusionFields):
     messages: list[ChatMessage] = Field(..., min_length=1, json_schema_extra={"x-dllm-bound": "messages"})
-    logprobs: of.ChatLogprobs = None
-    top_logprobs: of.ChatTopLogprobs = None
+    logprobs: StrictBool | None = Field(None, description="dllm: each answer token's log-probability under the forward that committed it (the model's own distribution at that denoising step: a diffusion model commits out of order, so this is not a left-to-right likelihood; docs/evaluation.md)")
+    top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="alternatives per token, with "
+                                                                 "logprobs true (each from the same forward)")
     tools: of.Tools = None
     tool_choice: of.ToolChoice = None
     parallel_tool_calls: of.ParallelToolCalls = None
@@ -166,6 +173,16 @@ class ChatCompletionRequest(DiffusionFields):
     prompt_cache_key: str | None = Field(None, description="accepted: a cache hint that changes no output")
     safety_identifier: str | None = Field(None, description="accepted, like user")
 
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        return self
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 TokenId = Annotated[integer(ge=0), Field(json_schema_extra={"x-dllm-bound": "prompt_token"})]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -175,9 +192,14 @@ class CompletionRequest(DiffusionFields):
     prompt: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(min_length=1)], TokenIds,
                   Annotated[list[TokenIds], Field(min_length=1)]]
     echo: of.Echo = None
-    logprobs: of.CompletionLogprobs = None
+    logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="dllm: each answer token's log-probability under the forward that committed it (the model's own distribution at that denoising step: a diffusion model commits out of order, so this is not a left-to-right likelihood; docs/evaluation.md); this many alternatives per "
+                                                             "token (prompt log-probabilities with echo: no)")
     best_of: of.BestOf = None
     suffix: of.Suffix = None
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[Any]:
         """Each prompt as the engine takes it: a string or {"prompt_token_ids": [...]}."""

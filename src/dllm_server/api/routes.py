@@ -18,6 +18,7 @@ from ..decoding.params import sample_seed
 from ..engine.async_engine import AsyncEngine, EngineDead, EngineOverloaded
 from ..request.events import STREAM_NONE, STREAM_PROGRESS, STREAM_TEXT
 from ..engine.handle import RequestHandle
+from . import choice_fields
 from . import sse
 from .body import Limits, check_limits, parse_body, read_body
 from .errors import APIError, from_value_error
@@ -101,25 +102,6 @@ class Routes:
             raise APIError(500, f"engine is dead: {exc}")
         return handles
 
-    def _usage(self, outputs, n: int) -> dict:
-        p = sum(len(o.prompt_token_ids) for o in outputs[::n])      # each prompt once, as OpenAI counts
-        c = sum(len(o.token_ids) for o in outputs)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-    def _dllm_summary(self, o, req: DiffusionFields, handle: RequestHandle) -> dict:
-        """The diffusion side of a finished choice: forwards, blocks, the block width, the threshold
-        each block ran with, and (when the request had an SLO, its own or the server's default)
-        whether it met it."""
-        s = o.stats
-        out = {"forwards": s.num_forwards, "blocks": s.num_blocks_run, "steps_per_block": s.steps_per_block,
-               "tokens_per_forward": round(o.tokens_per_forward, 4), "block_length": handle.block_length,
-               "thresholds": [p.threshold for p in s.block_policies]}
-        slo_ms = req.slo_ms if req.slo_ms is not None else self.engine.config.default_slo_ms
-        if slo_ms is not None and s.latency_s is not None:
-            out.update({"slo_ms": slo_ms, "latency_ms": round(1e3 * s.latency_s, 1),
-                        "slo_met": 1e3 * s.latency_s <= slo_ms})
-        return out
-
     def _observe(self, handle: RequestHandle, output, req: DiffusionFields) -> None:
         slo_ms = req.slo_ms if req.slo_ms is not None else self.engine.config.default_slo_ms
         self.metrics.observe_finished(output, handle.arrived_at, handle.first_step_at, handle.first_token_at,
@@ -164,7 +146,8 @@ class Routes:
                 raise APIError(500, f"generation failed: {o.error}")
         choices = []
         for i, o in enumerate(outputs):
-            c = {"index": i, "logprobs": None, "finish_reason": o.finish_reason, "stop_reason": None}
+            c = {"index": i, "logprobs": choice_fields.logprobs(o.token_ids, o.logprobs, chat, self.engine.tokenizer),
+                 "finish_reason": o.finish_reason, "stop_reason": None}
             if chat:
                 c["message"] = {"role": "assistant", "content": o.text}
             else:
@@ -172,11 +155,11 @@ class Routes:
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
-            c["dllm"] = self._dllm_summary(o, req, entries[i])
+            c["dllm"] = choice_fields.dllm_summary(o, req, entries[i], self.engine.config.default_slo_ms)
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": self.model_name, "choices": choices,
-                             "usage": self._usage(outputs, req.n)})
+                             "usage": choice_fields.usage(outputs, req.n)})
 
     async def _collect(self, entries: list[RequestHandle], req: DiffusionFields):
         async def one(entry):
@@ -192,16 +175,24 @@ class Routes:
         sent = [0] * len(entries)           # characters streamed: the stable text only grows
         role_sent = [False] * len(entries)
         outputs = [None] * len(entries)
+        pending: list[list] = [[] for _ in entries]     # (token, logprob entry) not yet sent with a chunk
+        tokens_sent = [0] * len(entries)
 
         def chunk(i: int, text: str, finish: str | None) -> dict:
+            logprobs = None
+            if pending[i] or (finish is not None and outputs[i] is not None and outputs[i].logprobs is not None):
+                ids, lps = zip(*pending[i]) if pending[i] else ((), ())
+                logprobs = choice_fields.logprobs(list(ids), list(lps), chat, self.engine.tokenizer, sent[i])
+                tokens_sent[i] += len(pending[i])
+                pending[i] = []
             if chat:
                 delta = {"content": text}
                 if not role_sent[i]:
                     delta = {"role": "assistant", "content": text}
                     role_sent[i] = True
-                choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             else:
-                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
             return {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [choice]}
 
         try:
@@ -214,8 +205,11 @@ class Routes:
                                                    "type": "InternalServerError", "param": None, "code": 500}})
                         continue
                     rest = out.text[sent[i]:] if len(out.text) > sent[i] else ""
+                    if out.logprobs is not None:     # the answer's tokens no chunk carried yet
+                        pending[i] = list(zip(out.token_ids, out.logprobs))[tokens_sent[i]:]
                     final = chunk(i, rest, out.finish_reason)
-                    final["choices"][0]["dllm"] = self._dllm_summary(out, req, entries[i])   # as a JSON choice
+                    final["choices"][0]["dllm"] = choice_fields.dllm_summary(out, req, entries[i],
+                                                                             self.engine.config.default_slo_ms)
                     yield sse.frame(final)
                     continue
                 if req.include_progress:
@@ -229,13 +223,15 @@ class Routes:
                                                              "block_length": e.block_length,
                                                              "block_offset": e.block_offset,
                                                              "answer_len": e.answer_len}})
+                if ev.logprobs:
+                    pending[i] += ev.logprobs
                 stable = len(ev.text or "") - max(0, hold)     # a stop string may still cut the rest
                 if stable > sent[i]:
                     yield sse.frame(chunk(i, ev.text[sent[i]:stable], None))
                     sent[i] = stable
             if req.include_usage and all(o is not None for o in outputs):
                 yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                 "choices": [], "usage": self._usage(outputs, req.n)})
+                                 "choices": [], "usage": choice_fields.usage(outputs, req.n)})
         except Exception as exc:   # after the 200: report in-band, never hang
             log.exception("stream failed")
             yield sse.frame({"error": {"message": str(exc), "type": "InternalServerError", "param": None,

@@ -87,3 +87,23 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
     k = commit.shape[1]
     host = torch.cat((commit.to(torch.float64), tokens.to(torch.float64), summary), dim=1).cpu()
     return host[:, :k].bool(), host[:, k:2 * k].to(torch.int64), host[:, 2 * k:]
+
+
+def committed_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[CommitRow], mask_id: int
+                       ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For each row that asks (params.logprobs not None): every position's token log-probability under the
+    forward's own distribution (untempered, unfiltered, the mask id excluded: what confidence measures) and
+    the top n alternatives; row -> host (float64 [K], int64 [K, n], float64 [K, n]). Only those rows' logits."""
+    out = {}
+    for i, r in enumerate(rows):
+        if r.params.logprobs is None:
+            continue
+        x = logits[i].to(torch.float64)
+        x[..., mask_id] = float("-inf")
+        lp = torch.log_softmax(x, dim=-1)
+        chosen = lp.gather(-1, tokens[i].to(lp.device).unsqueeze(-1)).squeeze(-1)
+        top = lp.topk(r.params.logprobs, dim=-1) if r.params.logprobs else None
+        ids = top.indices if top is not None else torch.zeros(lp.shape[0], 0, dtype=torch.int64, device=lp.device)
+        vals = top.values if top is not None else torch.zeros(lp.shape[0], 0, dtype=torch.float64, device=lp.device)
+        out[i] = (chosen.cpu(), ids.cpu(), vals.cpu())
+    return out

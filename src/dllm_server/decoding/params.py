@@ -10,6 +10,7 @@ from .canvas import answer_len, block_bounds, num_blocks
 REMASKING = ("low_confidence", "random")
 
 MAX_SEED = 2**63 - 1
+MAX_LOGPROBS = 20                   # top alternatives per token, as OpenAI's top_logprobs allows
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -39,6 +40,7 @@ class SamplingParams:
     block_length: int | None = None
     slo_ms: float | None = None
     entropy_bound: float | None = None
+    logprobs: int | None = None          # per answer token its log-probability and this many alternatives
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -89,6 +91,8 @@ class SamplingParams:
             bad("slo_ms", f"must be a finite number > 0, got {self.slo_ms!r}")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     def resolve(self, default_block_length: int, default_seed: int, model_block: int = 0) -> "DecodeParams":
         """Defaults filled, seed fixed; a block-causal model (`model_block` > 0) decodes only in its own blocks."""
@@ -101,7 +105,7 @@ class SamplingParams:
             block = default_block_length if self.block_length is None else self.block_length
         return DecodeParams(self.max_tokens, block, self.temperature, self.top_p, self.remasking,
                             default_seed if self.seed is None else self.seed, self.ignore_eos, max(0, self.top_k),
-                            float(self.min_p), block_causal=bool(model_block))
+                            float(self.min_p), block_causal=bool(model_block), logprobs=self.logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,7 @@ class DecodeParams:
     top_k: int = 0
     min_p: float = 0.0
     block_causal: bool = False
+    logprobs: int | None = None     # None: none; n: each committed token's and n alternatives (its forward's)
 
     @property
     def needs_rng(self) -> bool:

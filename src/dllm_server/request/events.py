@@ -17,3 +17,4 @@ class StreamEvent:
     canvas: str | None = None         # this and tokens: progress streams only
     tokens: list[str] | None = None
     output: GenerationOutput | None = None
+    logprobs: list | None = None      # text streams that asked: (token id, entry) of the tokens newly visible

@@ -35,6 +35,7 @@ class GenerationOutput:
     finish_reason: str            # "stop" | "length" | "abort" | "error"
     stats: GenerationStats
     error: str | None = None
+    logprobs: list | None = None  # asked for: per token_ids entry (logprob, ((alternative id, logprob), ...))
 
     @property
     def tokens_per_forward(self) -> float:
@@ -66,6 +67,8 @@ class RequestState:
         self.prefix_end = 0               # answer[:prefix_end] is committed and holds no stop token
         self.stopped = False
         self.detok = IncrementalDetokenizer(decode) if decode is not None else None
+        self.logprobs: dict[int, tuple] | None = {} if params.logprobs is not None else None   # answer position ->
+        self.logprobs_sent = 0            # answer positions whose logprobs went out with a stream event
 
     def submit_msg(self, policy: BlockPolicy, then: BlockPolicy | None = None, step_offset: int = 0,
                    restart: bool = False) -> SubmitBlock:
@@ -87,6 +90,9 @@ class RequestState:
         answer = self.answer
         for pos, tok in zip(delta.positions, delta.token_ids):
             answer[pos - base] = tok
+        if delta.logprobs and self.logprobs is not None:
+            for pos, lp in zip(delta.positions, delta.logprobs):
+                self.logprobs[pos - base] = lp
         self.stats.num_forwards += 1
         self.stats.num_committed += len(delta.positions)
         return self._advance_prefix()
@@ -155,5 +161,14 @@ class RequestState:
             token_ids.append(self.answer[n])
         if finish_reason is None:
             finish_reason = "stop" if (stopped_by_token or text_cut) else "length"
+        lps = None if self.logprobs is None else [self.logprobs.get(i) for i in range(len(token_ids))]
         return GenerationOutput(self.request_id, self.prompt, self.prompt_ids, text, token_ids,
-                                finish_reason, self.stats, error)
+                                finish_reason, self.stats, error, lps)
+
+    def take_logprobs(self) -> list[tuple[int, tuple]] | None:
+        """(token id, logprob entry) of the committed prefix not yet streamed (None: not asked for)."""
+        if self.logprobs is None:
+            return None
+        out = [(self.answer[i], self.logprobs.get(i)) for i in range(self.logprobs_sent, self.prefix_end)]
+        self.logprobs_sent = self.prefix_end
+        return out

@@ -277,7 +277,7 @@ class Scheduler:
             if entry.stream == STREAM_PROGRESS:
                 entry.events.put_nowait(progress_event(st, msg, self.tokenizer))
             elif entry.stream == STREAM_TEXT and outcome.added:
-                entry.events.put_nowait(StreamEvent(st.request_id, text=st.text))
+                entry.events.put_nowait(StreamEvent(st.request_id, text=st.text, logprobs=st.take_logprobs()))
         if isinstance(msg, BlockDone):
             self.workers.uncharge(entry)
             entry.policy = entry.lease if outcome.continued else None     # a lease is the next block's policy

@@ -224,7 +224,7 @@ class WorkerCore:
             if streamed:
                 self.handoffs.close_streams()     # a failed forward still completes the receiver's receives
         last.forward_s = result.forward_s
-        return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary)
+        return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary, result.logprobs)
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         waiting = [self.tasks[rid] for *_, rid in self.waiting]
@@ -267,7 +267,7 @@ class WorkerCore:
         return pages
 
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
-               summary: torch.Tensor | None = None) -> list:
+               summary: torch.Tensor | None = None, logprobs: dict | None = None) -> list:
         out: list = []
         # the simulator's stepper hands rows as lists already
         commits = commit if isinstance(commit, list) else commit.tolist()
@@ -280,8 +280,9 @@ class WorkerCore:
             committed = list(compress(values[i], row))
             marks = t.marks
             positions = marks.commit(t.start, cols, committed)
+            lps = () if not logprobs or i not in logprobs else _token_logprobs(logprobs[i], cols)
             out.append(StepDelta(t.request_id, t.block_index, t.step, positions, tuple(committed), marks.num_masked,
-                                 () if features is None else tuple(features[i])))
+                                 () if features is None else tuple(features[i]), lps))
             t.step += 1
             final = marks.is_final(t.params.max_tokens)
             was_prefill = i < n_prefills
@@ -331,6 +332,11 @@ class WorkerCore:
                                       t.alloc.pages if written and t.alloc is not None else None)
             t.prefix_keys = None
         self.pool.free(t.request_id)
+
+
+def _token_logprobs(row: tuple, cols: list[int]) -> tuple:
+    chosen, ids, vals = (x.tolist() for x in row)
+    return tuple((chosen[c], tuple(zip(ids[c], vals[c]))) for c in cols)
 
 
 def _hang_forever() -> None:

@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..config import WorkerConfig
-from ..decoding.commit import CommitRow, commit_step
+from ..decoding.commit import CommitRow, commit_step, committed_logprobs
 from ..model.args import ModelArgs
 from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool
@@ -39,6 +39,7 @@ class StepResult:
     tokens: torch.Tensor | list   # int64 [B, K] on the host, or row lists
     forward_s: float
     summary: torch.Tensor | None = None   # float64 [B, F] on the host: confidence_summary per block
+    logprobs: dict | None = None          # row -> its committed_logprobs, for the rows that asked
 
 
 class Stepper(Protocol):
@@ -136,4 +137,6 @@ class ModelStepper:
         rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
                           self.first_only and i < n_pre and bool(masked[i, 0])) for i, t in enumerate(batch)]
         out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
-        return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None)   # timer read after the copy
+        lps = committed_logprobs(logits, out[1], rows, mask_id) if any(r.params.logprobs is not None
+                                                                         for r in rows) else None
+        return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None, lps)   # timer after the copy
