@@ -175,7 +175,7 @@ class ChatCompletionRequest(DiffusionFields):
 
     @model_validator(mode="after")
     def _logprobs(self):
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
         return self
 
