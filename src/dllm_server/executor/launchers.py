@@ -3,6 +3,7 @@ only creates, places and watches processes; channels, deaths and restarts are Wo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from multiprocessing.connection import wait
@@ -81,6 +82,7 @@ class MpLauncher:
     def run(self, handle: ProcessHandle, spec, config, channel: PipeChannel | None) -> None:
         name = f"dllm-worker-{spec.worker_id}" + (f"-rank{spec.tp_rank}" if spec.tp_rank else "")
         ends = channel.ends if channel is not None else (None, None)
+        spec = dataclasses.replace(spec, parent_pid=os.getpid())
         handle.proc = self.ctx.Process(target=worker_main, args=(spec, config, *ends), name=name, daemon=True)
         handle.proc.start()
         if channel is not None:

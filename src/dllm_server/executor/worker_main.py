@@ -33,7 +33,7 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
     # sent to the whole process group must not kill workers under a draining server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    parent = _die_with_parent()
+    parent = _die_with_parent(spec.parent_pid)
     # A spawned process starts with logging unconfigured, which would drop INFO lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -51,10 +51,11 @@ def worker_main(spec: WorkerSpec, config: WorkerConfig, inbox, outbox) -> None:
             dist.destroy_process_group()
 
 
-def _die_with_parent() -> int:
+def _die_with_parent(spawned_by: int = 0) -> int:
     """SIGKILL us when the front dies (Linux), even mid-forward: a killed front must not leave a worker
-    holding a device. Returns the parent's pid, which the pump checks every turn (other platforms)."""
-    parent = os.getppid()
+    holding a device. Returns the parent's pid, which the pump checks every turn (other platforms).
+    `spawned_by`: the front's pid when it started us, so a front that died before we ran is seen too."""
+    parent = spawned_by or os.getppid()
     if sys.platform.startswith("linux"):
         try:
             import ctypes
