@@ -237,7 +237,8 @@ class WorkerReady:
     profile: tuple[tuple[float, ...], ...] = ()   # (decode_tokens, decode_keys, prefill_tokens, prefill_sq, s)
     row_invariance: RowInvariance | None = None
     tp_size: int = 1
-    rank_rss_mb: tuple[float, ...] = ()
+    rank_rss_mb: tuple[float, ...] = ()       # each rank's resident memory after loading
+    rank_weights_mb: tuple[float, ...] = ()   # what loading its weights added to it
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ class WorkerStats:
     tp_size: int = 1
     rank_pids: tuple[int | None, ...] = ()
     rank_rss_mb: tuple[float, ...] = ()
+    rank_weights_mb: tuple[float, ...] = ()
     prefix_cache: tuple[int, int, int, int] | None = None   # LoadReport.prefix_cache
 
     @property
@@ -77,7 +78,8 @@ def snapshot(sched, pids: dict[int, list[int | None]]) -> EngineStats:
         w.reserved_pages, w.outstanding_prefill_tokens, w.report.num_active_decodes if w.report else 0,
         w.report.iteration_tokens if w.report else 0, w.report.deficit_tokens if w.report else 0,
         w.report.num_iterations if w.report else 0, w.policy, (pids.get(w.worker_id) or [None])[0], w.row_invariance,
-        w.tp_size, tuple(pids.get(w.worker_id) or ()), w.rank_rss_mb, w.report.prefix_cache if w.report else None)
+        w.tp_size, tuple(pids.get(w.worker_id) or ()), w.rank_rss_mb, w.rank_weights_mb,
+        w.report.prefix_cache if w.report else None)
         for w in sched.workers)
     n_wait = sched.requests.num_waiting
     summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None

@@ -92,15 +92,15 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
         connect_peers(spec.worker_id, list(spec.kv_peers), device)
     tp = init_groups(0, spec.tp_size, spec.tp_host, spec.tp_port, device) if spec.tp_size > 1 else None
     core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put, tp=tp)
-    rss = gather_rss(tp)
-    log.info("worker %d: %d rank(s), resident memory after loading %s MB", spec.worker_id, spec.tp_size,
-             " / ".join(f"{r:.0f}" for r in rss))
+    rss, weights = gather_rss(tp, core.stepper.weights_rss_mb)
+    log.info("worker %d: %d rank(s), resident memory after loading %s MB (weights %s MB)", spec.worker_id,
+             spec.tp_size, " / ".join(f"{r:.0f}" for r in rss), " / ".join(f"{r:.0f}" for r in weights))
     invariance = check_model(core.stepper.runner.model, config.block_length, config.policy.max_active_decodes)
     log.info("worker %d: %s", spec.worker_id, invariance_summary(invariance))
     try:
         profile = startup_profile(core, info)
         outbox.put([WorkerReady(spec.worker_id, core.pool.num_pages, core.pool.page_size, info, profile, invariance,
-                                spec.tp_size, rss)])
+                                spec.tp_size, rss, weights)])
         _pump(spec, config, core, inbox, outbox, parent)
     finally:
         if tp is not None:
@@ -111,7 +111,7 @@ def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
     device = _prepare_device(spec, config)
     tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_host, spec.tp_port, device)
     stepper, pool, args = build_stepper(config, spec.model_path, device, tp)
-    gather_rss(tp)
+    gather_rss(tp, stepper.weights_rss_mb)
     n = follow(stepper.runner, tp, args.mask_id, pool.page_size)
     log.info("worker %d rank %d: stopped after %d forwards", spec.worker_id, spec.tp_rank, n)
 

@@ -25,6 +25,7 @@ class WorkerInfo:
     row_invariance: RowInvariance | None = None
     tp_size: int = 1
     rank_rss_mb: tuple[float, ...] = ()
+    rank_weights_mb: tuple[float, ...] = ()
     planned: bool = False                # held by a planned regroup: no routing
     retired: bool = False                # not part of the current layout
 
@@ -109,6 +110,7 @@ class WorkerTable:
         w.ready, w.alive, w.num_pages, w.page_size = True, True, msg.num_pages, msg.page_size
         w.report, w.reserved_pages, w.outstanding_prefill_tokens = None, 0, 0
         w.row_invariance, w.tp_size, w.rank_rss_mb = msg.row_invariance, msg.tp_size, msg.rank_rss_mb
+        w.rank_weights_mb = msg.rank_weights_mb
         w.planned = w.retired = False
         self.known_pages = msg.num_pages
         self.model = msg.model

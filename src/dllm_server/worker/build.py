@@ -18,7 +18,8 @@ from .kv_transfer import TorchTransport, Waiter
 from .model_step import ModelStepper
 from .prefix_cache import PrefixCache
 from .profile import profile_iterations
-from .tp import PlanSender, TPGroups
+from .memory import glibc_malloc_trim
+from .tp import PlanSender, TPGroups, rss_mb
 
 
 def model_info(args: ModelArgs) -> ModelInfo:
@@ -31,11 +32,18 @@ def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
                   tp: TPGroups | None = None) -> tuple[ModelStepper, KVPool, ModelArgs]:
     """This rank's model shard, its KV pool and the stepper that runs them: what every rank of an instance has."""
     shard = TPShard(tp.rank, tp.size, tp.all_reduce) if tp is not None else None
+    trim = glibc_malloc_trim() or (lambda: None)      # what the allocator keeps for reuse is not the weights
+    trim()
+    before = rss_mb(anonymous=True)
     model, args, dtype = load_model(model_path, config.dtype, device, tp=shard)
+    trim()
+    weights_mb = rss_mb(anonymous=True) - before      # this rank's weights as the process holds them (not the file)
     set_fixed_rows(model, config.fixed_matmul_rows)
     pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.local_kv_heads, args.head_dim, dtype,
                   device)
-    return ModelStepper(config, model, args, pool, device), pool, args
+    stepper = ModelStepper(config, model, args, pool, device)
+    stepper.weights_rss_mb = weights_mb
+    return stepper, pool, args
 
 
 def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,

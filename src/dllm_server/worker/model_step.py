@@ -95,6 +95,7 @@ class ModelStepper:
             log.info("captured %d decode CUDA graphs in %.1f s (%.2f GiB reserved)", n,
                      time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
         self.num_forwards = 0          # model forwards run (a separate finalise counts its own)
+        self.weights_rss_mb = 0.0      # what loading the weights added to the process (worker/build.py)
         self.runner = ModelRunner(model, args, pool, device, causal=config.hooks.causal,
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
 

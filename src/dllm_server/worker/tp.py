@@ -123,19 +123,25 @@ class _quiet:
         return False
 
 
-def gather_rss(tp: TPGroups | None) -> tuple[float, ...]:
-    """Every rank's resident memory (MB) at the leader, in rank order (a follower gets ())."""
-    mine = torch.tensor([rss_mb()], dtype=torch.float64)
+def gather_rss(tp: TPGroups | None, weights_mb: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Every rank's resident memory and the part loading its weights added (MB), at the leader, in rank order
+    (a follower gets empty tuples)."""
+    mine = torch.tensor([rss_mb(), weights_mb], dtype=torch.float64)
     if tp is None:
-        return (float(mine),)
-    parts = [torch.zeros(1, dtype=torch.float64) for _ in range(tp.size)] if tp.rank == 0 else None
+        return (float(mine[0]),), (float(mine[1]),)
+    parts = [torch.zeros(2, dtype=torch.float64) for _ in range(tp.size)] if tp.rank == 0 else None
     dist.gather(mine, parts, dst=0, group=tp.plan)
-    return tuple(float(p) for p in parts) if parts is not None else ()
+    if parts is None:
+        return (), ()
+    return tuple(float(p[0]) for p in parts), tuple(float(p[1]) for p in parts)
 
 
-def rss_mb() -> float:
+def rss_mb(anonymous: bool = False) -> float:
+    """Resident memory (MB); `anonymous`: without file-backed pages (a checkpoint's mapped, evictable pages)."""
     try:
         with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            fields = f.read().split()
+        pages = int(fields[1]) - (int(fields[2]) if anonymous else 0)
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return 0.0
