@@ -1,8 +1,8 @@
 """dllm-server: serving for diffusion LLMs (LLaDA, Dream)."""
-from .decoding.params import SamplingParams
+from .decoding.params import SamplingParams, StructuredOutputs
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputs", "__version__"]
 
 
 def __getattr__(name):

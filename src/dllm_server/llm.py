@@ -12,6 +12,7 @@ from .checkpoint import architecture_of, model_path, read_config, request_defaul
 from .config import ServerConfig, TestHooks
 from .costmodel.worker_speed import WorkerLoadModel
 from .decoding.params import SamplingParams, request_seed
+from .structured.grammars import Grammars
 from .devices import resolve_device
 from .messages import WorkerReady
 from .policy import make_policy
@@ -54,6 +55,7 @@ class LLM:
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
+        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size, isolate=False)
         load = WorkerLoadModel(self.config.block_length)
         self.policy = policy or make_policy(self.config.replace(placement="colocated", num_workers=1), self.path,
                                             load)
@@ -124,6 +126,7 @@ class LLM:
         resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq),
                                   self.model_info.block_size)
         check_request(ids, params, resolved, self.model_info)
+        resolved = self.grammars.constrain(params, resolved)
         st = RequestState(f"offline-{seq}", text, ids, params, resolved, self.model_info.mask_id, self.stop_ids, seq,
                           self.tokenizer.decode if self.tokenizer is not None else None)
         workers = self.scheduler.workers

@@ -137,6 +137,7 @@ class StepDelta:
     num_masked: int                   # left in the answer after this step
     features: tuple[float, ...] = ()  # confidence summary of what is still masked
     logprobs: tuple = ()              # asked for: per token (logprob, ((alternative id, logprob), ...))
+    constraint_ms: float = 0.0        # structured output: this step's dynamic program over the block (ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,9 @@ def dllm_summary(o, req, handle, default_slo_ms: float | None) -> dict:
     out = {"forwards": s.num_forwards, "blocks": s.num_blocks_run, "steps_per_block": s.steps_per_block,
            "tokens_per_forward": round(o.tokens_per_forward, 4), "block_length": handle.block_length,
            "thresholds": [p.threshold for p in s.block_policies]}
+    if s.constrained_forwards:      # structured output: what keeping the canvas completable cost
+        out["constraint"] = {"forwards": s.constrained_forwards, "dp_ms": round(s.constraint_ms, 2),
+                             "dp_ms_per_forward": round(s.constraint_ms / s.constrained_forwards, 3)}
     slo_ms = req.slo_ms if req.slo_ms is not None else default_slo_ms
     if slo_ms is not None and s.latency_s is not None:
         out.update({"slo_ms": slo_ms, "latency_ms": round(1e3 * s.latency_s, 1), "slo_met": 1e3 * s.latency_s <= slo_ms})

@@ -51,7 +51,7 @@ def from_validation_error(exc: ValidationError) -> APIError:
 
 
 def from_value_error(exc: ValueError) -> APIError:
-    """Our ValueErrors start with the field name ("max_tokens: ...")."""
+    """Our ValueErrors start with the field name ("max_tokens: ...", "response_format.json_schema...: ...")."""
     msg = str(exc)
-    m = re.match(r"(\w+):", msg)
+    m = re.match(r"(\w+)[\w.$\[\]-]*:", msg)
     return APIError(400, msg, m.group(1) if m else None)

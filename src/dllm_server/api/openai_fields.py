@@ -47,11 +47,6 @@ ParallelToolCalls = only([{"type": "boolean"}], lambda v: isinstance(v, bool), N
                          "accepted: without tools it changes nothing")
 Functions = only([EMPTY_LIST], _empty(list), NO_TOOLS, "deprecated; only [] (no function calling)")
 FunctionCall = only([{"const": "none"}], _is("none"), NO_TOOLS, 'deprecated; only "none"')
-ResponseFormat = only([{"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"],
-                        "additionalProperties": False}],
-                      lambda v: isinstance(v, dict) and v == {"type": "text"},
-                      "only {\"type\": \"text\"}: no JSON mode or schema-constrained decoding",
-                      'only {"type": "text"} (no constrained decoding)')
 LogitBias = only([EMPTY_OBJECT], _empty(dict), "no logit bias", "only {} (not supported)")
 Modalities = only([{"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1}],
                   lambda v: v == ["text"], "text output only", 'only ["text"]')

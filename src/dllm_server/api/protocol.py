@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, RootModel, StrictBool, StringConstraints,
                       model_validator)
 
-from ..decoding.params import MAX_LOGPROBS, MAX_SEED, SamplingParams
+from ..decoding.params import MAX_LOGPROBS, MAX_SEED, SamplingParams, StructuredOutputs
 from . import openai_fields as of
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,30 @@ CONTEXT_RULE = ("prompt tokens + max_tokens rounded up to whole blocks (block_le
                 "context (max_model_len of /v1/models), else 400 naming max_tokens")
 
 
+class JSONSchemaFormat(OpenAIModel):
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema", description="a JSON Schema; absent: any JSON object")
+    strict: StrictBool | None = Field(None, description="accepted; the schema is always enforced exactly, or the "
+                                      "request is refused with the keyword it cannot enforce")
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('response_format: json_schema is given exactly when type is "json_schema"')
+        return self
+
+
+STRUCTURED_DOC = ("docs/structured_output.md: the answer is decoded to match (JSON Schema keywords it cannot "
+                  "enforce exactly are a 400)")
+
+
 class DiffusionFields(OpenAIModel):
     """Sampling fields shared by chat and completions, plus the diffusion extras."""
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": CONDITIONS})
@@ -102,12 +126,36 @@ class DiffusionFields(OpenAIModel):
     slo_ms: float | None = Field(None, gt=0, le=86_400_000, description="dllm: end-to-end latency target (ms) from "
                                  "arrival; with --threshold-policy slo each block's threshold is chosen to meet it")
     return_token_ids: StrictBool = False
+    response_format: ResponseFormat | None = Field(None, description=STRUCTURED_DOC)
+    guided_json: Union[dict, str, None] = Field(None, description="vLLM's extra: a JSON schema; " + STRUCTURED_DOC)
+    guided_regex: str | None = Field(None, description="vLLM's extra: a regular expression the answer matches")
 
     @model_validator(mode="after")
     def _checks(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream=true")
+        given = [n for n, v in (("response_format", self.response_format is not None
+                                 and self.response_format.type != "text"),
+                                ("guided_json", self.guided_json is not None),
+                                ("guided_regex", self.guided_regex is not None)) if v]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give one of response_format, guided_json, guided_regex")
         return self
+
+    @property
+    def structured_outputs(self) -> StructuredOutputs | None:
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if rf is not None and rf.type == "json_schema":
+            s = rf.json_schema.schema_
+            return StructuredOutputs(json_object=True) if s is None else \
+                StructuredOutputs(json=s, field="response_format.json_schema.schema")
+        if self.guided_json is not None:
+            return StructuredOutputs(json=self.guided_json, field="guided_json")
+        if self.guided_regex is not None:
+            return StructuredOutputs(regex=self.guided_regex, field="guided_regex")
+        return None
 
     def sampling_params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
         """Only the fields the request gave, over `defaults` (the model's generation config);
@@ -119,7 +167,7 @@ class DiffusionFields(OpenAIModel):
         given = {k: getattr(self, k) for k in SAMPLING_FIELDS if getattr(self, k) is not None}
         return SamplingParams(max_tokens=max_tokens, remasking=self.remasking, ignore_eos=self.ignore_eos,
                               stop=tuple(stop) if stop else None, logprobs=self.logprobs_asked,
-                              **{**defaults, **given})
+                              structured_outputs=self.structured_outputs, **{**defaults, **given})
 
     @property
     def logprobs_asked(self) -> int | None:
@@ -160,7 +208,6 @@ class ChatCompletionRequest(DiffusionFields):
     parallel_tool_calls: of.ParallelToolCalls = None
     functions: of.Functions = None
     function_call: of.FunctionCall = None
-    response_format: of.ResponseFormat = None
     modalities: of.Modalities = None
     audio: of.Audio = None
     prediction: of.Prediction = None

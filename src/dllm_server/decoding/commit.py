@@ -2,6 +2,7 @@
 stays where the logits are; only the commit mask and tokens come back, in one device-to-host copy."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,8 @@ import torch
 from . import unmask
 from .canvas import transfer_counts
 from .params import BlockPolicy, DecodeParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,7 @@ class CommitRow:
     block_index: int
     step: int                       # forwards this block has already had (0 = its full forward)
     first_only: bool = False
+    constraint: object | None = None   # structured/automaton.py RowConstraint: tokens kept completable
 
 
 def fixed_count(policy: BlockPolicy, block_length: int, step: int) -> int:
@@ -63,6 +67,9 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
                               [r.params.top_p for r in rows], [r.params.top_k for r in rows],
                               [r.params.min_p for r in rows], with_entropy=with_entropy)
     tokens, conf = proposed[:2]
+    for i, r in enumerate(rows):
+        if r.constraint is not None:
+            tokens[i], conf[i] = constrained_row(logits[i], r, gens[i], mask_id, tokens[i], conf[i])
     score = unmask.random_scores(widths, gens, logits.shape[1], [r.params.remasking == "random" for r in rows],
                                  conf)
     nan = float("nan")
@@ -87,6 +94,34 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
     k = commit.shape[1]
     host = torch.cat((commit.to(torch.float64), tokens.to(torch.float64), summary), dim=1).cpu()
     return host[:, :k].bool(), host[:, k:2 * k].to(torch.int64), host[:, 2 * k:]
+
+
+def constrained_row(logits: torch.Tensor, row: CommitRow, gen: torch.Generator | None, mask_id: int,
+                    tokens: torch.Tensor, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A constrained row's tokens (the best assignment its automaton allows, by log-probability, or by Gumbel-
+    perturbed filtered log-probabilities when sampling: the noise drawn after `propose`'s from the same generator)
+    and their untempered probabilities as confidence; `tokens`, `conf`: the unconstrained row, kept if no path."""
+    w = row.width
+    x = logits[:w].to(torch.float64)
+    x[..., mask_id] = float("-inf")
+    log_probs = torch.log_softmax(x, dim=-1)
+    scores = log_probs
+    p = row.params
+    if p.temperature > 0:
+        u = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device)
+        tempered = unmask.filtered(x / p.temperature, p.top_k, p.top_p, p.min_p)
+        # a token the filters removed stays possible, below every kept one: the constraint may need it
+        scores = torch.where(tempered.isinf(), log_probs - 1e6, tempered) - torch.log(-torch.log(u))
+    chosen = row.constraint.choose(scores)
+    if chosen is None:               # unreachable while every commit keeps the canvas completable
+        log.warning("structured output: no completion of this block satisfies the constraint; unconstrained")
+        return tokens, conf
+    chosen = chosen.to(x.device)
+    chosen = torch.where(chosen < 0, tokens[:w], chosen)
+    tokens, conf = tokens.clone(), conf.clone()
+    tokens[:w] = chosen
+    conf[:w] = log_probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).exp()
+    return tokens, conf
 
 
 def committed_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[CommitRow], mask_id: int

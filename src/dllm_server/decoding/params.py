@@ -2,6 +2,7 @@
 `DecodeParams` for the whole request, `BlockPolicy` per block (chosen by policy/). No torch here."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,29 @@ def request_seed(base_seed: int, arrival_seq: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutputs:
+    """What the answer must be (vLLM's name): one of `json` (a JSON schema, dict or text), `json_object` (any
+    JSON object) or `regex`; structured/ compiles it. `field` is the request field errors name."""
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    field: str = "response_format"
+
+    def __post_init__(self) -> None:
+        if sum([self.json is not None, self.json_object, self.regex is not None]) != 1:
+            raise ValueError(f"{self.field}: give exactly one of a JSON schema, a JSON object or a regex")
+
+    @property
+    def key(self) -> str:
+        """What is compiled, as text (the compile cache's key)."""
+        if self.regex is not None:
+            return "regex:" + str(self.regex)
+        if self.json_object:
+            return "json_object"
+        return "json:" + (self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True))
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 128
     temperature: float = 0.0
@@ -41,6 +65,7 @@ class SamplingParams:
     slo_ms: float | None = None
     entropy_bound: float | None = None
     logprobs: int | None = None          # per answer token its log-probability and this many alternatives
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -93,6 +118,11 @@ class SamplingParams:
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputs):
+            bad("structured_outputs", f"must be a StructuredOutputs, got {type(so).__name__}")
+        if so is not None and self.ignore_eos:
+            bad(so.field, "cannot be combined with ignore_eos (the answer ends where the document does)")
 
     def resolve(self, default_block_length: int, default_seed: int, model_block: int = 0) -> "DecodeParams":
         """Defaults filled, seed fixed; a block-causal model (`model_block` > 0) decodes only in its own blocks."""
@@ -122,6 +152,7 @@ class DecodeParams:
     min_p: float = 0.0
     block_causal: bool = False
     logprobs: int | None = None     # None: none; n: each committed token's and n alternatives (its forward's)
+    constraint: str | None = None   # the regex the answer must match (structured/, compiled by the front)
 
     @property
     def needs_rng(self) -> bool:

@@ -32,6 +32,7 @@ from ..request.stream_buffer import StreamBuffer
 from ..request.tokenize import Tokenizer, stop_token_ids
 from ..executor.watchdog import Watchdog
 from ..executor.worker_pool import WorkerPool
+from ..structured.grammars import Grammars
 
 log = logging.getLogger(__name__)
 OFFLOAD_CHARS = 2048    # shorter inputs tokenize faster than the hop to the tokenize thread
@@ -67,6 +68,7 @@ class AsyncEngine:
         self.draining = False
         self.dead: str | None = None
         self.stop_ids: tuple[int, ...] = ()
+        self.grammars: Grammars | None = None
         self.started_at = time.monotonic()
         self.started_wall = time.time()
         # One thread: big prompts queue behind each other, never behind the loop (the Rust
@@ -99,6 +101,7 @@ class AsyncEngine:
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
+        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size)
         if self.watchdog.timeout_s:
             self._watch_task = asyncio.ensure_future(self._watch())
         if self.config.reconfigure:
@@ -233,6 +236,10 @@ class AsyncEngine:
         else:
             loop = asyncio.get_running_loop()
             text, ids = await loop.run_in_executor(self.tokenize_pool, self._tokenize, prompt, messages)
+        spec = params.structured_outputs if params is not None else None
+        if spec is not None and self.grammars is not None and not self.grammars.is_checked(spec):
+            # compiled off the loop (in a child process with a time limit): a new schema never stalls the front
+            await asyncio.get_running_loop().run_in_executor(None, self.grammars.check, spec, params.max_tokens)
         return self._build(text, ids, params, request_id)
 
     def _check_chars(self, prompt: Any, messages: list[dict] | None) -> int:
@@ -255,6 +262,7 @@ class AsyncEngine:
         seq = next(self._arrivals)
         resolved = params.resolve(self.config.block_length, request_seed(self.config.seed, seq), self.model_info.block_size)
         check_request(ids, params, resolved, self.model_info)
+        resolved = self.grammars.constrain(params, resolved)
         state = RequestState(request_id or f"req-{uuid.uuid4().hex[:16]}", text, ids, params, resolved,
                              self.model_info.mask_id, self.stop_ids, seq,
                              self.tokenizer.decode if self.tokenizer else None)

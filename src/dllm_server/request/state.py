@@ -20,6 +20,8 @@ class GenerationStats:
     num_committed: int = 0
     block_policies: list[BlockPolicy] = field(default_factory=list)
     latency_s: float | None = None       # arrival to finish, served requests only
+    constrained_forwards: int = 0        # structured output: forwards whose commits the constraint chose
+    constraint_ms: float = 0.0           # and the time its dynamic program took over them
 
     def tokens_per_forward(self, num_tokens: int) -> float:
         return num_tokens / self.num_forwards if self.num_forwards else 0.0
@@ -95,6 +97,9 @@ class RequestState:
                 self.logprobs[pos - base] = lp
         self.stats.num_forwards += 1
         self.stats.num_committed += len(delta.positions)
+        if delta.constraint_ms:
+            self.stats.constrained_forwards += 1
+            self.stats.constraint_ms += delta.constraint_ms
         return self._advance_prefix()
 
     def _advance_prefix(self) -> str | None:

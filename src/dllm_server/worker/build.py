@@ -43,6 +43,7 @@ def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
                   device)
     stepper = ModelStepper(config, model, args, pool, device)
     stepper.weights_rss_mb = weights_mb
+    stepper.grammar_folder = str(model_path)
     return stepper, pool, args
 
 

@@ -224,7 +224,8 @@ class WorkerCore:
             if streamed:
                 self.handoffs.close_streams()     # a failed forward still completes the receiver's receives
         last.forward_s = result.forward_s
-        return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary, result.logprobs)
+        return self._apply(batch, result.commit, result.tokens, len(prefills), result.summary, result.logprobs,
+                           result.constraint_ms)
 
     def _admit(self, decode_tokens: int) -> list[BlockTask]:
         waiting = [self.tasks[rid] for *_, rid in self.waiting]
@@ -267,7 +268,8 @@ class WorkerCore:
         return pages
 
     def _apply(self, batch: list[BlockTask], commit: torch.Tensor, tokens: torch.Tensor, n_prefills: int,
-               summary: torch.Tensor | None = None, logprobs: dict | None = None) -> list:
+               summary: torch.Tensor | None = None, logprobs: dict | None = None,
+               constraint_ms: dict | None = None) -> list:
         out: list = []
         # the simulator's stepper hands rows as lists already
         commits = commit if isinstance(commit, list) else commit.tolist()
@@ -282,7 +284,8 @@ class WorkerCore:
             positions = marks.commit(t.start, cols, committed)
             lps = () if not logprobs or i not in logprobs else _token_logprobs(logprobs[i], cols)
             out.append(StepDelta(t.request_id, t.block_index, t.step, positions, tuple(committed), marks.num_masked,
-                                 () if features is None else tuple(features[i]), lps))
+                                 () if features is None else tuple(features[i]), lps,
+                                 constraint_ms[i] if constraint_ms and i in constraint_ms else 0.0))
             t.step += 1
             final = marks.is_final(t.params.max_tokens)
             was_prefill = i < n_prefills

@@ -12,6 +12,7 @@ import torch
 from ..config import WorkerConfig
 from ..decoding.commit import CommitRow, commit_step, committed_logprobs
 from ..model.args import ModelArgs
+from ..structured.grammars import Grammars
 from .cuda_graph import DecodeGraphs
 from .kv_pool import KVPool
 from .runner import ForwardItem, ModelRunner, fed_range, first_only, window_lead
@@ -31,6 +32,9 @@ class StepBlock(Protocol):
     finalise_from: int
     params: object
     policy: object
+    prompt_len: int
+    marks: object
+    constraint_at: tuple | None
 
 
 @dataclass(slots=True)
@@ -40,6 +44,7 @@ class StepResult:
     forward_s: float
     summary: torch.Tensor | None = None   # float64 [B, F] on the host: confidence_summary per block
     logprobs: dict | None = None          # row -> its committed_logprobs, for the rows that asked
+    constraint_ms: dict | None = None     # row -> its structured-output dynamic program's time (ms)
 
 
 class Stepper(Protocol):
@@ -96,6 +101,8 @@ class ModelStepper:
                      time.perf_counter() - t0, torch.cuda.memory_reserved(device) / 2**30)
         self.num_forwards = 0          # model forwards run (a separate finalise counts its own)
         self.weights_rss_mb = 0.0      # what loading the weights added to the process (worker/build.py)
+        self.grammar_folder: str | None = None   # the checkpoint, for structured output's automata
+        self._grammars: Grammars | None = None
         self.runner = ModelRunner(model, args, pool, device, causal=config.hooks.causal,
                                   attention_backend=config.attention_backend, decode_graphs=graphs)
 
@@ -136,8 +143,23 @@ class ModelStepper:
         # Fast-dLLM's Dream rule, only while the first position is open (a re-prefill may find it committed)
         n_pre = len(prefills)
         rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
-                          self.first_only and i < n_pre and bool(masked[i, 0])) for i, t in enumerate(batch)]
+                          self.first_only and i < n_pre and bool(masked[i, 0]), self._constraint(t))
+                for i, t in enumerate(batch)]
+        constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
         out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
         lps = committed_logprobs(logits, out[1], rows, mask_id) if any(r.params.logprobs is not None
                                                                          for r in rows) else None
-        return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None, lps)   # timer after the copy
+        dp_ms = {i: rows[i].constraint.elapsed_ms for i in constrained} if constrained else None
+        return StepResult(*out[:2], timer.seconds(), out[2] if len(out) > 2 else None, lps, dp_ms)   # timer after the copy
+
+    def _constraint(self, t: StepBlock):
+        """Structured output: this block's RowConstraint (the automaton compiled once per regex here)."""
+        regex = t.params.constraint
+        if regex is None:
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(self.grammar_folder, tuple(t.marks.stops), self.args.vocab_size, isolate=False)
+        row, t.constraint_at = self._grammars.row(regex, t.marks.answer, t.prompt_len, t.start, t.end,
+                                                  t.params.max_tokens, t.canvas[t.start:t.end].tolist(),
+                                                  self.args.mask_id, t.constraint_at, t.block_index)
+        return row

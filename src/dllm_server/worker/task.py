@@ -37,6 +37,7 @@ class BlockTask:
     finalise_from: int = -1             # block-causal: the previous block's start while its final KV is unwritten
     prefix_keys: list[bytes] | None = None
     prefix_hits: int = 0                # leading prefix_keys it references in the cache
+    constraint_at: tuple | None = None  # structured output: (its automaton, block index, state at the block's start)
 
     @property
     def key(self) -> tuple[float, int, int, str]:
