@@ -104,7 +104,7 @@ def left_to_right_mask(a: TokenAutomaton, scores: torch.Tensor, block: list[int]
     state = a.walk(0, [t for t in block[: block.index(MASK)]])
     s = scores.clone()
     lead = block.index(MASK)
-    allowed = set(a.next[state]) if state not in (NO_PATH, a.done) else set(range(V))
+    allowed = a.allowed(state) if state not in (NO_PATH, a.done) else set(range(V))
     for t in range(V):
         if t not in allowed:
             s[lead, t] = -math.inf

@@ -96,3 +96,13 @@ def test_every_committed_benchmark_schema_compiles_and_its_regex_admits_only_val
         if it["name"] in samples:
             assert r.fullmatch(samples[it["name"]]), it["name"]
             jsonschema.validate(json.loads(samples[it["name"]]), it["schema"])
+
+
+def test_json_object_admits_objects_two_levels_deep():
+    from dllm_server.structured.schema import JSON_OBJECT
+    r = re.compile(regex_for(StructuredOutputs(json_object=True)))
+    assert r.pattern == JSON_OBJECT
+    for doc in ['{}', '{"a": [1, 2.5e3], "b": {"c": null}}', '{"q":"say \\"hi\\""}', '{"t":true,"f":false}']:
+        assert r.fullmatch(doc) and isinstance(json.loads(doc), dict), doc
+    for doc in ['[1]', '{"a":}', '{"a":1,}', '{a:1}', '"x"', '{"a":{"b":{"c":1}}}']:
+        assert not r.fullmatch(doc), doc

@@ -24,33 +24,31 @@ class TokenAutomaton:
         if not stop_ids:
             raise ValueError("structured output needs an end-of-answer token")
         marker = stop_ids[0]            # outlines' own EOS edges are dropped: stops are handled here
-        index = Index(regex, Vocabulary(marker, vocab))
+        self._index = index = Index(regex, Vocabulary(marker, vocab))
         raw = index.get_transitions()
-        init = index.get_initial_state()
-        order = [init] + sorted(s for s in raw if s != init)
-        for s in index.get_final_states():
-            if s not in raw:
-                order.append(s)
-        ids = {s: i for i, s in enumerate(order)}
-        self.num_states = len(order)
+        init, finals = index.get_initial_state(), set(index.get_final_states())
+        self._raw = [init] + sorted((set(raw) | finals) - {init})       # dense id -> outlines' state id
+        self._dense = {r: i for i, r in enumerate(self._raw)}
+        self.num_states = len(self._raw)
         self.done = self.num_states
-        self.next: list[dict[int, int]] = [{} for _ in order]
-        src, tok, dst = [], [], []
-        for s, edges in raw.items():
-            for t, n in edges.items():
-                if t == marker and n == s and s in index.get_final_states():
-                    continue
-                self.next[ids[s]][t] = ids[n]
-                src.append(ids[s])
-                tok.append(t)
-                dst.append(ids[n])
+        keys = np.array(self._raw, dtype=np.int64)
+        by_key = np.argsort(keys)
+        dense = lambda r: by_key[np.searchsorted(keys, r, sorter=by_key)]   # noqa: E731
+        parts = [(np.full(len(e), s, dtype=np.int64), np.fromiter(e.keys(), np.int64, len(e)),
+                  np.fromiter(e.values(), np.int64, len(e))) for s, e in raw.items() if e]
+        src, tok, dst = (np.concatenate(x) if parts else np.zeros(0, dtype=np.int64) for x in zip(*parts)) \
+            if parts else (np.zeros(0, dtype=np.int64),) * 3
+        final_raw = np.array(sorted(finals), dtype=np.int64)
+        keep = ~((tok == marker) & (src == dst) & np.isin(src, final_raw))   # EOS loops: stops are ours
+        src, tok, dst = dense(src[keep]), tok[keep], dense(dst[keep])
         self.final = torch.zeros(self.num_states, dtype=torch.bool)
-        for s in index.get_final_states():
-            self.final[ids[s]] = True
+        self.final[[self._dense[r] for r in finals]] = True
         self._final = self.final.tolist()
-        self.src, self.tok, self.dst = (torch.tensor(x, dtype=torch.int64) for x in (src, tok, dst))
+        self.src, self.tok, self.dst = (torch.from_numpy(np.ascontiguousarray(x)).to(torch.int64)
+                                        for x in (src, tok, dst))
         self.stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.int64)
         self.stop_set = frozenset(stop_ids)
+        self.marker = marker
         self.vocab_size = vocab_size
         self.dist = self._distance_to_final()
         self._on: dict[torch.device, tuple] = {}
@@ -62,11 +60,12 @@ class TokenAutomaton:
     def _distance_to_final(self) -> list[int]:
         """Fewest tokens from each state to an accepting one (a large number when none is reachable)."""
         inf = 1 << 30
-        dist = [0 if f else inf for f in self.final.tolist()]
+        dist = [0 if f else inf for f in self._final]
+        n_key = self.num_states
+        pairs = np.unique(self.src.numpy() * n_key + self.dst.numpy())      # 1-D: far faster than axis=1
         back: list[list[int]] = [[] for _ in range(self.num_states)]
-        for s, edges in enumerate(self.next):
-            for n in set(edges.values()):
-                back[n].append(s)
+        for s, n in zip((pairs // n_key).tolist(), (pairs % n_key).tolist()):
+            back[n].append(s)
         frontier = [s for s, d in enumerate(dist) if d == 0]
         while frontier:
             nxt = []
@@ -77,6 +76,10 @@ class TokenAutomaton:
                         nxt.append(s)
             frontier = nxt
         return dist
+
+    def allowed(self, state: int) -> set[int]:
+        """The tokens that continue the answer from `state` (not the stops that end it)."""
+        return set(self._index.get_allowed_tokens(self._raw[state]) or ()) - {self.marker}
 
     @property
     def min_tokens(self) -> int:
@@ -90,8 +93,11 @@ class TokenAutomaton:
                 return state
             if t in self.stop_set and self._final[state]:
                 state = self.done
+            elif t == self.marker:
+                return NO_PATH
             else:
-                state = self.next[state].get(t, NO_PATH)
+                r = self._index.get_next_state(self._raw[state], t)
+                state = NO_PATH if r is None else self._dense[r]
         return state
 
     def _token_classes(self) -> tuple:
@@ -113,7 +119,9 @@ class TokenAutomaton:
         np.bitwise_xor.at(sig, tok, x)
         _, rep, cls = np.unique(sig, return_index=True, return_inverse=True)
         keep = rep[cls[tok]] == tok                 # each class's edges, read off its first token
-        edges = np.unique(np.stack((src[keep], cls[tok[keep]], dst[keep])), axis=1)
+        n, c = self.num_states + 1, int(cls.max()) + 1
+        key = np.unique((src[keep] * c + cls[tok[keep]]) * n + dst[keep])
+        edges = (key // n // c, key // n % c, key % n)
         return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(torch.int64) for a in (*edges, cls))
 
     def tensors(self, device: torch.device) -> tuple:
