@@ -210,8 +210,7 @@ class HTTPConfig(_Section):
     api_key: str | None = _f(None, "require this bearer key (env DLLM_API_KEY)")
     max_waiting_requests: int = _f(1024, "bounded waiting queue; beyond it requests get 503", ge=1)
     default_chat_max_tokens: int = _f(128, "max_tokens of a chat request that gives none", ge=1)
-    default_completion_max_tokens: int = _f(16, "max_tokens of a completion request that gives none (OpenAI's 16)",
-    ge=1)
+    default_completion_max_tokens: int = _f(16, "max_tokens of a completion request giving none (OpenAI's)", ge=1)
     allowed_origins: str = _f("*", "CORS allowed origins, comma-separated")
     keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence", gt=0.0)
     shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests", ge=0.0)
@@ -231,6 +230,7 @@ class HTTPConfig(_Section):
                                        "queued in the kernel before its stream stalls", ge=0)
     stream_stall_timeout_s: float = _f(30.0, "a streaming client that accepts no data for this many seconds is "
                                        "disconnected and its request aborted (KV freed)", gt=0.0)
+    structured_compile_timeout_s: float = _f(30.0, "structured output whose automaton compiles longer: 400", gt=0.0)
 
 
 @dataclass(frozen=True)

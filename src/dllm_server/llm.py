@@ -55,7 +55,7 @@ class LLM:
         self.args = self.core.stepper.args
         self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(self.path)
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
-        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size, isolate=False)
+        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size)
         load = WorkerLoadModel(self.config.block_length)
         self.policy = policy or make_policy(self.config.replace(placement="colocated", num_workers=1), self.path,
                                             load)

@@ -101,7 +101,8 @@ class AsyncEngine:
             raise RuntimeError(self.scheduler.failure or f"workers not ready after {timeout_s:.0f} s")
         self.model_info = self.scheduler.workers.model
         self.stop_ids = stop_token_ids(self.generation_config, self.model_info.eos_id, self.tokenizer)
-        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size)
+        self.grammars = Grammars(str(self.path), self.stop_ids, self.model_info.vocab_size,
+                                 timeout_s=self.config.structured_compile_timeout_s)
         if self.watchdog.timeout_s:
             self._watch_task = asyncio.ensure_future(self._watch())
         if self.config.reconfigure:

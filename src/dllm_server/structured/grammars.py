@@ -14,7 +14,6 @@ from .automaton import NO_PATH, AutomatonCache, RowConstraint, TokenAutomaton
 from .schema import regex_for
 from .vocab import vocab_of
 
-COMPILE_TIMEOUT_S = 30.0     # json_object over a 150k-token vocabulary: ~9 s here (docs/structured_output.md)
 
 
 def _compile_stats(regex: str, folder: str, stop_ids: tuple[int, ...], vocab_size: int, conn) -> None:
@@ -29,10 +28,10 @@ def _compile_stats(regex: str, folder: str, stop_ids: tuple[int, ...], vocab_siz
 
 
 class Grammars:
-    def __init__(self, folder: str, stop_ids: tuple[int, ...], vocab_size: int, isolate: bool = True,
-                 timeout_s: float = COMPILE_TIMEOUT_S):
+    def __init__(self, folder: str, stop_ids: tuple[int, ...], vocab_size: int, timeout_s: float | None = None):
+        """`timeout_s`: check in a child process with this limit (the server's front); None: in this process."""
         self.folder, self.stop_ids, self.vocab_size = str(folder), tuple(sorted(stop_ids)), vocab_size
-        self.isolate, self.timeout_s = isolate, timeout_s
+        self.timeout_s = timeout_s
         self._checked: OrderedDict[str, tuple[str, int]] = OrderedDict()   # spec key -> (regex, min tokens)
         self._automata: AutomatonCache | None = None
 
@@ -68,7 +67,7 @@ class Grammars:
         return dataclasses.replace(resolved, constraint=self.check(params.structured_outputs, params.max_tokens))
 
     def _min_tokens(self, regex: str, field: str) -> int:
-        if not self.isolate:
+        if self.timeout_s is None:
             try:
                 return self.automaton(regex).min_tokens
             except ValueError:

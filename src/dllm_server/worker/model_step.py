@@ -158,7 +158,7 @@ class ModelStepper:
         if regex is None:
             return None
         if self._grammars is None:
-            self._grammars = Grammars(self.grammar_folder, tuple(t.marks.stops), self.args.vocab_size, isolate=False)
+            self._grammars = Grammars(self.grammar_folder, tuple(t.marks.stops), self.args.vocab_size)
         row, t.constraint_at = self._grammars.row(regex, t.marks.answer, t.prompt_len, t.start, t.end,
                                                   t.params.max_tokens, t.canvas[t.start:t.end].tolist(),
                                                   self.args.mask_id, t.constraint_at, t.block_index)
