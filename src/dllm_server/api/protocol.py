@@ -72,6 +72,10 @@ class JSONSchemaFormat(OpenAIModel):
 
 
 class ResponseFormat(OpenAIModel):
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [
+        {"if": {"properties": {"type": {"const": "json_schema"}}},
+         "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
+         "else": {"properties": {"json_schema": {"type": "null"}}}}]})
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -199,6 +203,9 @@ class ChatMessage(OpenAIModel):
 
 
 class ChatCompletionRequest(DiffusionFields):
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": CONDITIONS + [
+        {"if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+         "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}}]})
     messages: list[ChatMessage] = Field(..., min_length=1, json_schema_extra={"x-dllm-bound": "messages"})
     logprobs: StrictBool | None = Field(None, description="dllm: each answer token's log-probability under the forward that committed it (the model's own distribution at that denoising step: a diffusion model commits out of order, so this is not a left-to-right likelihood; docs/evaluation.md)")
     top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="alternatives per token, with "
