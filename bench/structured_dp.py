@@ -2,7 +2,9 @@
 the compile time (outlines-core's index plus our token classes), its states, token classes and class edges, and
 the block dynamic program's milliseconds for one 32-position block with every position open (the most it
 does), on the demo model's 4096-token vocabulary and on a synthetic 150k-token one (random printable byte
-strings of 1 to 8 bytes plus the 256 bytes: a stand-in for a real BPE vocabulary, labelled as such).
+strings of 1 to 8 bytes plus the 256 bytes: a stand-in for a real BPE vocabulary, labelled as such). Also:
+indexing our json_object expression against outlines-core's generic {"type": "object"} one, and the longest
+gap a thread sleeping 10 ms sees while outlines-core indexes the latter in another thread (does it hold the GIL?).
 
     python -m bench.structured_dp --json docs/results/structured/dp.json
 """
@@ -33,6 +35,7 @@ def main() -> None:
     from dllm_server.structured.automaton import TokenAutomaton
     from dllm_server.structured.schema import regex_for
     from dllm_server.structured.vocab import vocab_of
+    from outlines_core.json_schema import build_regex_from_schema
 
     ap = parser(__doc__, threads=1, json_out=True)
     ap.add_argument("--reps", type=int, default=5)
@@ -70,7 +73,37 @@ def main() -> None:
             dp_ms.append(statistics.median(times))
         summary.row(name, statistics.median(compile_s), max(compile_s), statistics.median(dp_ms), max(dp_ms),
                     statistics.median(classes), statistics.median(edges), statistics.median(token_edges))
+    index_table = report.table(["vocabulary", ("our json_object s", ".3f"), ('outlines {"type": "object"} s', ".3f"),
+                                ("longest 10-ms sleeper gap s", ".3f")], title="indexing a generic JSON object")
+    for name, (vocab, v_size, stops) in vocabs.items():
+        ours = _index_s(regex_for(StructuredOutputs(json_object=True)), vocab, stops[0])
+        generic = build_regex_from_schema('{"type": "object"}')
+        theirs, gap = _index_s(generic, vocab, stops[0], watch=True)
+        index_table.row(name, ours[0], theirs, gap)
     report.save()
+
+
+def _index_s(regex: str, vocab: dict, eos: int, watch: bool = False):
+    """Seconds outlines-core takes to index `regex`; with `watch`, built in a thread while this one sleeps 10 ms
+    at a time, and the longest wake-up gap seen (about 0.01 s when the build leaves the GIL free)."""
+    import threading
+    import time
+    from outlines_core import Index, Vocabulary
+    took = []
+
+    def build():
+        t0 = time.perf_counter()
+        Index(regex, Vocabulary(eos, vocab))
+        took.append(time.perf_counter() - t0)
+    th = threading.Thread(target=build)
+    th.start()
+    gap, last = 0.0, time.perf_counter()
+    while th.is_alive():
+        time.sleep(0.01)
+        now = time.perf_counter()
+        gap, last = max(gap, now - last), now
+    th.join()
+    return (took[0], gap) if watch else (took[0],)
 
 
 if __name__ == "__main__":

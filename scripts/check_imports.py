@@ -34,7 +34,7 @@ LAYERS: dict[str, set[str]] = {
     "messages": {"config", "decoding"},
     "model": {"checkpoint"},
     "costmodel": {"messages"},
-    "structured": {"decoding"},
+    "structured": {"decoding", "checkpoint"},
     "worker": _BASE | {"model", "costmodel", "structured"},
     "executor": _BASE | {"worker", "server_process"},
     "request": {"messages", "decoding"},

@@ -18,6 +18,19 @@ GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": 
                        "max_new_tokens": "max_tokens"}
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """The byte -> printable-character map of byte-level BPE (printable bytes map to themselves)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
 HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads"),
              "SDARForCausalLM": ("num_attention_heads", "num_key_value_heads")}
 

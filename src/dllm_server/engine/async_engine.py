@@ -324,7 +324,7 @@ class AsyncEngine:
                 self.abort(handle.request_id)
 
     async def run(self, prompt: Any = None, params: SamplingParams | None = None, **kw) -> GenerationOutput:
-        return await self.run_state(self.prepare(prompt, params, **kw))
+        return await self.run_state(await self.prepare_async(prompt, params, **kw))
 
     async def run_state(self, state: RequestState) -> GenerationOutput:
         async for event in self.generate(state):

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from ..checkpoint import MODEL_TYPES
+from ..checkpoint import MODEL_TYPES, bytes_to_unicode
 from .loader import ARCHITECTURES
 
 LLADA_TEMPLATE = (
@@ -33,19 +33,6 @@ SPECIALS = {
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|beginoftext|>"],
     "sdar": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"],
 }
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """The byte -> printable-character map of byte-level BPE (printable bytes map to themselves)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def byte_tokenizer(specials: list[str]) -> Tokenizer:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 NO_PATH = -1
+UNREACHABLE = 1 << 30           # the distance of a state from which no answer can be completed
 
 
 class TokenAutomaton:
@@ -36,8 +37,7 @@ class TokenAutomaton:
         dense = lambda r: by_key[np.searchsorted(keys, r, sorter=by_key)]   # noqa: E731
         parts = [(np.full(len(e), s, dtype=np.int64), np.fromiter(e.keys(), np.int64, len(e)),
                   np.fromiter(e.values(), np.int64, len(e))) for s, e in raw.items() if e]
-        src, tok, dst = (np.concatenate(x) if parts else np.zeros(0, dtype=np.int64) for x in zip(*parts)) \
-            if parts else (np.zeros(0, dtype=np.int64),) * 3
+        src, tok, dst = (np.concatenate(x) for x in zip(*parts)) if parts else (np.zeros(0, dtype=np.int64),) * 3
         final_raw = np.array(sorted(finals), dtype=np.int64)
         keep = ~((tok == marker) & (src == dst) & np.isin(src, final_raw))   # EOS loops: stops are ours
         src, tok, dst = dense(src[keep]), tok[keep], dense(dst[keep])
@@ -59,7 +59,7 @@ class TokenAutomaton:
 
     def _distance_to_final(self) -> list[int]:
         """Fewest tokens from each state to an accepting one (a large number when none is reachable)."""
-        inf = 1 << 30
+        inf = UNREACHABLE
         dist = [0 if f else inf for f in self._final]
         n_key = self.num_states
         pairs = np.unique(self.src.numpy() * n_key + self.dst.numpy())      # 1-D: far faster than axis=1
@@ -183,7 +183,8 @@ class TokenAutomaton:
             back.append(torch.full((n,), e_n, dtype=torch.int64, device=dev).scatter_reduce(0, dst, best, "amin"))
         ok = final if cut is not None and cut <= k else (dist <= budget)
         end = torch.where(ok, v, torch.full_like(v, ninf)).argmax()
-        flat = torch.cat((torch.stack(back).flatten(), ctok.flatten(), end.view(1))).cpu()   # one host copy
+        tail = scores[stop_at:].argmax(dim=-1)          # past the visible answer: free, and cut
+        flat = torch.cat((torch.stack(back).flatten(), ctok.flatten(), tail, end.view(1))).cpu()   # one host copy
         back_h, ctok_h = flat[: rows * n].view(rows, n), flat[rows * n: rows * (n + c_n)].view(rows, c_n)
         s = int(flat[-1])
         if back_h[-1, s] == e_n:
@@ -193,16 +194,12 @@ class TokenAutomaton:
             e = int(back_h[r, s])
             out[first + r] = ctok_h[r, cls_h[e]]
             s = src_h[e]
-        if stop_at < k:
-            out[stop_at:] = scores[stop_at:].argmax(dim=-1).cpu()
+        out[stop_at:] = flat[rows * (n + c_n): -1]
         return out
 
     @functools.cached_property
     def _edge_lists(self) -> tuple[list[int], list[int]]:
         return self._classes[0].tolist(), self._classes[1].tolist()
-
-    def _complete(self, state: int) -> bool:
-        return state == self.done or self._final[state]
 
 
 class AutomatonCache:

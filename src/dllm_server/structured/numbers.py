@@ -45,37 +45,34 @@ def _group(alts: list[str]) -> str:
     return alts[0] if len(alts) == 1 else "(" + "|".join(alts) + ")"
 
 
-def integer_regex(lo: int | None, hi: int | None) -> str:
-    """A regex matching exactly the JSON integers in [lo, hi] (None: unbounded on that side)."""
+def _signed(lo: int | None, hi: int | None, magnitudes, neg_floor: int) -> str:
+    """[lo, hi] as the non-negative magnitudes it holds, or a minus before those of its negative part (from
+    `neg_floor`: 1 for integers, which have no -0; 0 for numbers, where -0.5 is negative)."""
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"minimum {lo} is above maximum {hi}")
     alts = []
     if hi is None or hi >= 0:
-        alts += _naturals(max(lo, 0) if lo is not None else 0, hi)
+        alts += magnitudes(max(lo, 0) if lo is not None else 0, hi)
     if lo is None or lo < 0:
-        mag = _naturals(max(1, -hi) if hi is not None else 1, None if lo is None else -lo)
-        alts.append("-" + _group(mag))
+        neg = magnitudes(max(neg_floor, -hi) if hi is not None else neg_floor, None if lo is None else -lo)
+        alts.append("-" + _group(neg))
     return _group(alts)
+
+
+def integer_regex(lo: int | None, hi: int | None) -> str:
+    """A regex matching exactly the JSON integers in [lo, hi] (None: unbounded on that side)."""
+    return _signed(lo, hi, _naturals, 1)
 
 
 def number_regex(lo: int | None, hi: int | None) -> str:
     """A regex for JSON numbers (no exponent) in [lo, hi], whole-number bounds: an integer part inside the
     range with any fraction, or the bound itself with a zero fraction."""
-    if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"minimum {lo} is above maximum {hi}")
     frac, zeros = r"(\.[0-9]+)?", r"(\.0+)?"
 
-    def side(m_lo: int, m_hi: int | None) -> list[str]:
-        """Magnitudes in [m_lo, m_hi]."""
+    def magnitudes(m_lo: int, m_hi: int | None) -> list[str]:
         if m_hi is None:
             return [integer_regex(m_lo, None) + frac]
         alts = [integer_regex(m_lo, m_hi - 1) + frac] if m_lo <= m_hi - 1 else []
         return alts + [str(m_hi) + zeros]
 
-    alts = []
-    if hi is None or hi >= 0:
-        alts += side(max(lo, 0) if lo is not None else 0, hi)
-    if lo is None or lo < 0:
-        neg = side(max(0, -hi) if hi is not None else 0, None if lo is None else -lo)
-        alts.append("-" + _group(neg))
-    return _group(alts)
+    return _signed(lo, hi, magnitudes, 0)

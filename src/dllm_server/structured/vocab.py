@@ -8,21 +8,15 @@ import json
 import re
 from pathlib import Path
 
+from ..checkpoint import bytes_to_unicode
+
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable stand-in character for each byte, inverted."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _decoder_kinds(spec: dict | None) -> set[str]:
