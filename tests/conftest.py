@@ -26,6 +26,11 @@ def tiny_sdar(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-sdar"), arch="sdar", seed=2))
 
 
+@pytest.fixture(scope="session")
+def tiny_llada2(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llada2"), arch="llada2", seed=3))
+
+
 @pytest.fixture(scope="session", params=["llada", "dream"])
 def tiny_model(request, tiny_llada, tiny_dream) -> str:
     return tiny_llada if request.param == "llada" else tiny_dream

@@ -12,8 +12,9 @@ log = logging.getLogger(__name__)
 ASSET = Path(__file__).resolve().parent / "assets" / "demo-model"
 
 
-ARCHITECTURES = ("LLaDAModelLM", "DreamModel", "SDARForCausalLM")
-MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM"}
+ARCHITECTURES = ("LLaDAModelLM", "DreamModel", "SDARForCausalLM", "LLaDA2MoeModelLM")
+MODEL_TYPES = {"llada": "LLaDAModelLM", "dream": "DreamModel", "sdar": "SDARForCausalLM",
+               "llada2": "LLaDA2MoeModelLM", "llada2_moe": "LLaDA2MoeModelLM"}
 GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                        "max_new_tokens": "max_tokens"}
 
@@ -32,7 +33,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 HEAD_KEYS = {"LLaDAModelLM": ("n_heads", "n_kv_heads"), "DreamModel": ("num_attention_heads", "num_key_value_heads"),
-             "SDARForCausalLM": ("num_attention_heads", "num_key_value_heads")}
+             "SDARForCausalLM": ("num_attention_heads", "num_key_value_heads"),
+             "LLaDA2MoeModelLM": ("num_attention_heads", "num_key_value_heads")}
 
 
 def head_counts(cfg: dict, where: str = "the checkpoint") -> tuple[int, int]:
@@ -80,6 +82,20 @@ def read_config(path: str | Path) -> dict:
     if not cfg_file.is_file():
         raise ValueError(f"model: {folder} has no config.json (expected a Hugging Face checkpoint folder)")
     return json.loads(cfg_file.read_text())
+
+
+def with_token_ids(cfg: dict, folder: str | Path) -> dict:
+    """config.json, plus `mask_token_id` from the tokenizer's mask_token where the config has none (LLaDA2)."""
+    if "mask_token_id" in cfg:
+        return cfg
+    folder = Path(folder)
+    tok_cfg, tok = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    if not (tok_cfg.is_file() and tok.is_file()):
+        return cfg
+    mask = json.loads(tok_cfg.read_text()).get("mask_token")
+    mask = mask.get("content") if isinstance(mask, dict) else mask
+    ids = {t["content"]: t["id"] for t in json.loads(tok.read_text()).get("added_tokens", [])}
+    return {**cfg, "mask_token_id": ids[mask]} if mask in ids else cfg
 
 
 def plain_id_offset(special_ids) -> int:

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny-model", help="write a seeded random checkpoint in the HF layout",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     tiny.add_argument("out")
-    choices = {"arch": ("llada", "dream", "sdar"), "dtype": ("float32", "bfloat16", "float16")}
+    choices = {"arch": ("llada", "dream", "sdar", "llada2"), "dtype": ("float32", "bfloat16", "float16")}
     for name, param in inspect.signature(make_tiny_model).parameters.items():
         if param.default is inspect.Parameter.empty:
             continue

@@ -87,6 +87,9 @@ def load_stock(folder: str, dtype: torch.dtype = torch.float32):
 
 @functools.lru_cache(maxsize=4)
 def _load_stock(folder: str, dtype: torch.dtype):
+    if "LLaDA2MoeModelLM" in json.loads((Path(folder) / "config.json").read_text()).get("architectures", []):
+        from .llada2_reference import ReferenceLLaDA2        # stock transformers parts (llada2_reference.py)
+        return ReferenceLLaDA2(folder, dtype)
     from transformers import Qwen3ForCausalLM
     return Qwen3ForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
 
@@ -100,7 +103,17 @@ def block_geometry(folder: str) -> tuple[int, int, frozenset[int]]:
     for c in (cfg, json.loads(gen.read_text()) if gen.exists() else {}):
         eos = c.get("eos_token_id")
         stops.update([] if eos is None else eos if isinstance(eos, list) else [eos])
-    return int(cfg["block_size"]), int(cfg["mask_token_id"]), frozenset(stops)
+    return int(cfg.get("block_size", 32)), _mask_id(Path(folder), cfg), frozenset(stops)
+
+
+def _mask_id(folder: Path, cfg: dict) -> int:
+    """config.json's mask_token_id, else the id of the tokenizer's mask_token (LLaDA2 names it only there);
+    LLaDA2's released config states no block_size either (32)."""
+    if "mask_token_id" in cfg:
+        return int(cfg["mask_token_id"])
+    name = json.loads((folder / "tokenizer_config.json").read_text())["mask_token"]
+    added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    return next(t["id"] for t in added if t["content"] == name)
 
 
 def block_causal_additive(positions: torch.Tensor, block: int, dtype: torch.dtype,

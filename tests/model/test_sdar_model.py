@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dllm_server.checkpoint import architecture_of, head_counts, read_config
 from dllm_server.request.tokenize import Tokenizer
-from dllm_server.server_process import free_port
 from dllm_server.model import sdar
 from dllm_server.model.attention import DenseBatch, block_causal_mask
 from dllm_server.model.layers import RMSNorm
@@ -22,7 +20,7 @@ from dllm_server.model.tp import TPShard
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner
 
-from .tp_ranks import build, packed_forwards, rank_main
+from .tp_ranks import build, packed_forwards, run_ranks
 
 transformers = pytest.importorskip("transformers")
 B, L = 4, 22                      # block width; canvas length (ends inside a block: a partial last block)
@@ -249,16 +247,7 @@ def test_tp2_packed_forward_equals_tp1(tiny_sdar):
     """tests/model/test_tp_forward.py's two processes over gloo, on the block-causal model: the
     block mask and the per-head q/k norms on each rank's heads; float32 within 1e-5 (two
     partial sums and one add per row-split projection)."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, tiny_sdar, ["float32"], results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in range(2))
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    got = run_ranks(tiny_sdar, ["float32"])
     runner, pool, args = build(tiny_sdar, "float32", None)
     assert got["follower-1-float32"] == 2
     for w, g in zip(packed_forwards(runner, pool, args), map(torch.from_numpy, got["float32"])):

@@ -5,27 +5,15 @@ same forward at TP=1: within 1e-5 in float32 (two partial sums and one add per p
 architectures."""
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from dllm_server.server_process import free_port
-
-from .tp_ranks import build, packed_forwards, rank_main
+from .tp_ranks import build, packed_forwards, run_ranks
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
 def test_tp2_packed_forward_equals_tp1(request, arch):
     path = request.getfixturevalue(f"tiny_{arch}")
     dtypes = ["float32", "float64"]
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, path, dtypes, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in range(2 * len(dtypes)))
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    got = run_ranks(path, dtypes)
     for dtype, tol in (("float32", 1e-5), ("float64", 1e-12)):
         runner, pool, args = build(path, dtype, None)
         want = packed_forwards(runner, pool, args)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from dllm_server.model.loader import load_model
+from dllm_server.server_process import free_port
 from dllm_server.model.tp import TPShard
 from dllm_server.worker.kv_pool import KVPool
 from dllm_server.worker.runner import ForwardItem, ModelRunner
@@ -73,3 +75,19 @@ def rank_main(rank: int, size: int, port: int, path: str, dtypes: list[str], res
                 results.put((f"follower-{rank}-{dtype}", follow(runner, groups, args.mask_id, PAGE)))
     finally:
         dist.destroy_process_group()
+
+
+def run_ranks(path: str, dtypes: list[str], size: int = 2) -> dict:
+    """Starts `size` spawned ranks over gloo on `path`; returns what they put: the leader's outputs by
+    dtype and each follower's forward count under `follower-{rank}-{dtype}`."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, size, port, path, dtypes, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in range(size * len(dtypes)))
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return got

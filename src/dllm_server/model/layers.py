@@ -45,7 +45,11 @@ def residual(y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; `sin` carries rotate_half's sign (Rotary.tables)."""
+    """x [T, heads, head_dim]; `sin` carries rotate_half's sign (Rotary.tables). Tables narrower than the head rotate
+    its first dims only and pass the rest (partial rotary)."""
+    if cos.shape[-1] < x.shape[-1]:
+        r = cos.shape[-1]
+        return torch.cat([apply_rotary(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([x[..., half:], x[..., :half]], dim=-1)
     return rotated.mul_(sin).add_(x * cos)
@@ -99,8 +103,10 @@ class ReducedLinear(ServingLinear):
 
 
 class Projections(nn.Module):
-    """Q/K/V with rotary and the gated MLP of a layer; `names` maps roles (q, k, v, o, gate, up, down) to attributes."""
+    """Q/K/V with rotary and the gated MLP of a layer; `names` maps roles (q, k, v or a checkpoint's fused qkv, o, gate,
+    up, down) to attributes. `sums_ranks` False: a part of a block that all-reduces once for all (moe.SparseMoE)."""
     names: dict[str, str] = {}
+    sums_ranks = True
 
     def init_projections(self, shape: tuple[int, int, int] | None = None) -> None:
         self.shape = shape            # (heads, kv heads, head dim): layers with q/k/v only
@@ -112,9 +118,11 @@ class Projections(nn.Module):
         n = self.names
         if "q" in n:
             self.qkv = ServingLinear(*(getattr(self, n[r]) for r in "qkv"))
+        elif "qkv" in n:
+            self.qkv = ServingLinear(getattr(self, n["qkv"]))
         if "gate" in n:
             self.gate_up = ServingLinear(getattr(self, n["gate"]), getattr(self, n["up"]))
-        for role in ("q", "k", "v", "gate", "up"):
+        for role in ("q", "k", "v", "qkv", "gate", "up"):
             if role in n:
                 delattr(self, n[role])
         for role in ("o", "down"):

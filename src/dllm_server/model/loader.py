@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoint import architecture_of, read_config
-from . import dream, llada, sdar
+from ..checkpoint import architecture_of, read_config, with_token_ids
+from . import dream, llada, llada2, sdar
 from .args import ModelArgs
 from .layers import Rotary
 from .tp import TPShard, read_slice, shard_model
@@ -23,6 +23,7 @@ ARCHITECTURES = {
     "LLaDAModelLM": (llada.args_from_config, llada.LLaDAModelLM),
     "DreamModel": (dream.args_from_config, dream.DreamModel),
     "SDARForCausalLM": (sdar.args_from_config, sdar.SDARForCausalLM),
+    "LLaDA2MoeModelLM": (llada2.args_from_config, llada2.LLaDA2MoeModelLM),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
@@ -73,7 +74,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
     """The model in eval mode; `fuse` joins projections (its state_dict then loses the checkpoint's names); with
     `tp`, only this rank's share of the sharded layers is read."""
     folder = Path(path)
-    cfg = read_config(folder)
+    cfg = with_token_ids(read_config(folder), folder)
     make_args, cls = ARCHITECTURES[architecture_of(cfg, str(folder))]
     args = make_args(cfg)
     if tp is not None and tp.size > 1:
@@ -104,7 +105,7 @@ def load_model(path: str | Path, dtype: str = "auto", device: str | torch.device
         if tensor.shape != want:
             raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
     model.load_state_dict(state, strict=True, assign=True)
-    model.rotary = Rotary(args.head_dim, args.rope_theta, args.max_len).to(device)
+    model.rotary = Rotary(args.rope_dim, args.rope_theta, args.max_len).to(device)
     if fuse:
         model.fuse_projections()
     elif args.tp_size > 1:
