@@ -15,7 +15,9 @@ BAD_CHAT_FIELDS = [
     ("factor", 0), ("steps", 0), ("steps", 10 ** 7), ("remasking", "sideways"), ("remasking", "random"),
     ("stream", "yes"), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.5), ("min_p", -0.1),
     ("stream_options", {"include_usage": True}), ("ignore_eos", "maybe"), ("return_token_ids", []),
-    ("entropy_bound", -0.1), ("entropy_bound", "low"),
+    ("entropy_bound", -0.1), ("entropy_bound", "low"), ("edit_threshold", 0), ("edit_threshold", 1.5),
+    ("edit_threshold", "high"), ("max_post_edit_steps", -1), ("max_post_edit_steps", 257),
+    ("max_post_edit_steps", 2.5),
 ]
 
 
@@ -34,6 +36,8 @@ def test_bad_chat_field_is_400_naming_it(server, field, value):
     ({"prompt": [[]]}, "prompt"), ({"prompt": 3}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "max_tokens": 2000}, "max_tokens"),
     ({"prompt": "x", "entropy_bound": 0.5, "factor": 1.0}, "entropy_bound"),
+    ({"prompt": "x", "max_post_edit_steps": 3}, "max_post_edit_steps"),
+    ({"prompt": "x", "edit_threshold": 0.5, "response_format": {"type": "json_object"}}, "edit_threshold"),
 ])
 def test_bad_completion_bodies(server, body, field):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)

@@ -1,6 +1,7 @@
 """`dllm-server serve <a tiny LLaDA2 checkpoint>` over HTTP in every placement and at tensor-parallel size 2: all
-of tests/engine/test_llada2_decoding.py's 36 requests sent at once (batched with each other), every answer
-token-identical (float64) to the no-cache reference over stock parts; the progress stream lies on the 32-wide grid."""
+of tests/engine/test_llada2_decoding.py's 36 requests and 6 with token editing sent at once (batched with each
+other), every answer token-identical (float64) to the no-cache reference over stock parts; the progress stream lies
+on the 32-wide grid and shows edits; a streamed answer under editing is never taken back."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,9 @@ import httpx
 import pytest
 import torch
 
+from dllm_server.request.tokenize import Tokenizer
 from tests.engine.test_llada2_decoding import CASES, RULES
+from tests.engine.test_llada2_editing import PROMPTS
 from tests.model import sdar_reference as ref
 
 from .conftest import start_server
@@ -24,14 +27,19 @@ LAYOUTS = {"colocated-2": ("--num-workers", "2"),
            "tp2": ("--num-workers", "1", "--tensor-parallel-size", "2")}
 
 
+EDITING = {"threshold": 0.7, "edit_threshold": 0.5, "max_post_edit_steps": 4}
+RULES = {**RULES, "edit": EDITING}
+ALL = CASES + [(p, 40, "edit", i % 2 == 0) for i, p in enumerate(PROMPTS[:6])]
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_llada2):
     return [ref.reference_generate_plain(tiny_llada2, p, m, stop_ids=() if e else None, dtype=torch.float64,
-                                         **RULES[r]) for p, m, r, e in CASES]
+                                         **RULES[r]) for p, m, r, e in ALL]
 
 
 def _complete(url: str, i: int) -> list[int]:
-    prompt, max_tokens, rule, ignore_eos = CASES[i]
+    prompt, max_tokens, rule, ignore_eos = ALL[i]
     body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos, "seed": i,
             "return_token_ids": True, **RULES[rule]}
     r = httpx.post(url + "/v1/completions", json=body, timeout=120)
@@ -43,10 +51,11 @@ def _complete(url: str, i: int) -> list[int]:
 def test_served_answers_equal_the_reference(tiny_llada2, reference, layout, tmp_path):
     s = start_server(tiny_llada2, "--dtype", "float64", *LAYOUTS[layout], tmp_path=tmp_path)
     try:
-        with ThreadPoolExecutor(len(CASES)) as pool:
-            got = list(pool.map(lambda i: _complete(s.url, i), range(len(CASES))))
+        with ThreadPoolExecutor(len(ALL)) as pool:
+            got = list(pool.map(lambda i: _complete(s.url, i), range(len(ALL))))
         assert got == reference
         if layout == "colocated-2":
+            streaming_under_editing(s, tiny_llada2)
             body = {"prompt": CASES[1][0], "max_tokens": 40, "stream": True, "ignore_eos": True, "threshold": 0.7,
                     "stream_options": {"include_progress": True}}
             chunks = [json.loads(e) for e in sse_events(s, "/v1/completions", body)[:-1]]
@@ -55,3 +64,33 @@ def test_served_answers_equal_the_reference(tiny_llada2, reference, layout, tmp_
             assert {(p["block_length"], p["block_offset"]) for p in progress} == {(B, offset)}
     finally:
         s.stop()
+
+
+def streaming_under_editing(s, folder: str) -> None:
+    """The progress stream shows positions rewritten after they were filled (text a naive stream would have sent
+    and then contradicted); the text stream sends only blocks that can no longer change: every chunk extends what
+    was sent, and all of it is the final answer."""
+    body = {"prompt": PROMPTS[3], "max_tokens": 70, "ignore_eos": True, "seed": 3, **EDITING}
+    final = httpx.post(s.url + "/v1/completions", json={**body, "return_token_ids": True}, timeout=120).json()
+    chunks = map(json.loads, sse_events(s, "/v1/completions", {**body, "stream": True,
+                                                               "stream_options": {"include_progress": True}})[:-1])
+    progress = [c["dllm"] for c in chunks if not c["choices"]]
+    filled: dict[int, int] = {}
+    rewritten = 0
+    for p in progress:
+        edits = {pos: (old, new) for pos, old, new in p["edits"]}
+        for pos, tok in zip(p["positions"], p["token_ids"]):
+            if pos in edits:
+                assert filled[pos] == edits[pos][0] != tok == edits[pos][1]
+                rewritten += 1
+            else:
+                assert pos not in filled
+            filled[pos] = tok
+        assert p["num_committed"] == len(p["positions"]) - len(edits)
+    assert rewritten > 10
+    assert [filled[i] for i in range(70)] == final["choices"][0]["token_ids"]
+    pieces = [c["choices"][0]["text"] for c in map(json.loads, sse_events(s, "/v1/completions",
+                                                                          {**body, "stream": True})[:-1])]
+    assert len([x for x in pieces if x]) >= 2                  # more than one block's worth, sent as they ended
+    text = Tokenizer(folder).decode(final["choices"][0]["token_ids"])
+    assert "".join(pieces) == final["choices"][0]["text"] == text

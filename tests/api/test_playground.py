@@ -38,6 +38,9 @@ CHAT = {"prompt": "Good morrow, my lord. What news?", "max_tokens": 32, "thresho
 PICTURE = {"prompt": "Say this line back:\nNow is the winter of our discontent made glorious summer by this sun of York",
            "max_tokens": 32, "threshold": 0.99, "seed": 1, "temperature": 0.0}
 # Three blocks of 256, one position per forward: it holds its KV pages (49 of them) for seconds.
+# Token editing on the demo model: low thresholds make it rewrite cells it filled.
+EDITING = {"prompt": "Write the numbers from one to ten.", "max_tokens": 64, "threshold": 0.1,
+           "edit_threshold": 0.3, "seed": 1, "temperature": 0.7}
 LONG = {"prompt": "ROMEO.", "max_tokens": 768, "block_length": 256, "steps": 768}
 
 
@@ -91,7 +94,7 @@ def _browser():
 
 def fill(page, mode: str, **fields) -> None:
     page.check(f"input[name=mode][value={mode}]")
-    for name in ("steps", "slo_ms"):
+    for name in ("steps", "slo_ms", "edit_threshold", "max_post_edit_steps"):
         page.fill(f"#{name}", "")
     for name, value in fields.items():
         page.fill(f"#{name}", str(value))
@@ -190,6 +193,15 @@ def test_playground_in_a_browser(tmp_path):
             goto_step(page, n // 2)
             page.screenshot(path=str(shots / "playground_denoising.png"), full_page=True)
             goto_step(page, n)
+
+            # Token editing: rewritten cells are marked, and the rewrites counted apart from the commits.
+            fill(page, "completion", **EDITING)
+            send(page, "done")
+            goto_step(page, int(page.get_attribute("#slider", "max")))
+            shown = numbers(page)
+            rewrites = int(shown["positions committed"].split(" · ")[1].split()[0])
+            assert 0 < page.locator("#canvas .cell.edited").count() <= rewrites, shown
+            assert shown["commit rule"] == "threshold 0.1 + editing 0.3 (used)"
 
             # Two more tabs: one long request holds the KV pool, the next waits for room (queue full).
             # The second tab is sent only once the server runs the first: sent earlier (a loaded

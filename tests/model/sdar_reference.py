@@ -66,6 +66,16 @@ How the pipeline differs (read from pipeline_llada2.py / scheduling_block_refine
    the forward count. It also runs one extra forward per block when the last commit happens
    before the step cap (the pass that finds no mask left; harmless). An EOS id inside the prompt
    disables its early stop (it looks at the first EOS of the whole window).
+Under token editing (`edit_threshold`; its early stop is turned off here, since it would end a
+block before its edits, which LLaDA2.1's own generate never does):
+6. Its step cap (num_inference_steps, counted over forwards that found a mask) also ends a block
+   whose masks took exactly that many forwards to fill, before any post-edit forward (LLaDA2.1's
+   generate has no cap): a fully masked block filled one position per forward gets no editing
+   pass after its last fill.
+7. Its post-edit budget is checked after the forward, so it runs max_post_steps + 1 forwards with
+   no mask left where LLaDA2.1's generate runs max_post_steps (checked before the forward).
+`reference_generate_plain(..., pipeline_quirks=True)` follows 6 and 7 (with max_tokens >= the
+block); with them the plain loop and the pipeline agree token for token.
 """
 from __future__ import annotations
 
@@ -150,11 +160,21 @@ def _check_rule(threshold, steps_per_block) -> None:
 def reference_generate_plain(folder: str, prompt_ids: list[int], max_tokens: int, threshold: float | None = None,
                              steps_per_block: int | None = None, stop_ids: Iterable[int] | None = None, *,
                              dtype: torch.dtype = torch.float32, schedule_over: str = "masked",
-                             trace: list | None = None) -> list[int]:
+                             trace: list | None = None, edit_threshold: float | None = None,
+                             max_post_edit_steps: int = 16, edits: list | None = None,
+                             pipeline_quirks: bool = False) -> list[int]:
     """The contract above, as a plain loop. `stop_ids` None: the folder's eos ids; () for none.
     `schedule_over="block"`: the fixed schedule over block_size (diffusers / SDAR generate.py)
     instead of the masked count. `trace`, if given, receives one list per decoded block: the
-    number of positions each forward committed."""
+    number of positions each forward committed.
+
+    `edit_threshold` (LLaDA2.1's token editing): on every forward, a filled answer position of the
+    block (filled before that forward) whose proposal differs from its token with confidence >= the
+    edit threshold takes the proposal; the block goes on after its masks are filled and ends at
+    the first forward that found no mask and edited nothing, or before a forward that would be the
+    (`max_post_edit_steps` + 1)-th with no mask (LLaDA2.1's published generate). `edits`, if
+    given, receives (position, from, to) per edit. `pipeline_quirks`: diffusers' two departures
+    under editing (module docstring, 6 and 7), for a full cross-check."""
     _check_rule(threshold, steps_per_block)
     if schedule_over not in ("masked", "block"):
         raise ValueError(f"schedule_over: 'masked' or 'block', got {schedule_over!r}")
@@ -173,25 +193,46 @@ def reference_generate_plain(folder: str, prompt_ids: list[int], max_tokens: int
         masked = x[start:end] == mask_id
         if steps_per_block is not None:
             schedule = linear_schedule(int(masked.sum()) if schedule_over == "masked" else block, steps_per_block)
-        commits, step = [], 0
-        while masked.any():
+        commits, step, post = [], 0, 0
+        budget = max_post_edit_steps + (1 if pipeline_quirks else 0)
+        step_cap = min(block if steps_per_block is None else steps_per_block, max_tokens)
+        while True:
+            had_masks = bool(masked.any())
+            if not had_masks:
+                if edit_threshold is None:
+                    break
+                post += 1
+                if post > budget:
+                    break
+            filled = ~masked & (torch.arange(start, end) >= p)
             with torch.no_grad():
                 logits = model(input_ids=x[None, :end], attention_mask=mask[..., :end, :end],
                                position_ids=positions[None, :end]).logits[0, start:end].to(torch.float64)
             logits[:, mask_id] = float("-inf")
             tokens = logits.argmax(dim=-1)
-            conf = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1).exp()
-            conf = torch.where(masked, conf, torch.full_like(conf, float("-inf")))
-            if steps_per_block is not None:
-                k = schedule[min(step, len(schedule) - 1)]
-            else:
-                k = int((conf >= threshold).sum())
-            k = min(max(k, 1), int(masked.sum()))
-            chosen = torch.sort(conf, descending=True, stable=True).indices[:k]
-            x[start + chosen] = tokens[chosen]
-            masked[chosen] = False
-            commits.append(k)
-            step += 1
+            prob = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1).exp()
+            edit = torch.zeros_like(filled)
+            if edit_threshold is not None:
+                edit = filled & (tokens != x[start:end]) & (prob >= edit_threshold)
+            if had_masks:
+                conf = torch.where(masked, prob, torch.full_like(prob, float("-inf")))
+                if steps_per_block is not None:
+                    k = schedule[min(step, len(schedule) - 1)]
+                else:
+                    k = int((conf >= threshold).sum())
+                k = min(max(k, 1), int(masked.sum()))
+                chosen = torch.sort(conf, descending=True, stable=True).indices[:k]
+                x[start + chosen] = tokens[chosen]
+                masked[chosen] = False
+                commits.append(k)
+                step += 1
+            if edits is not None:
+                edits += [(start + int(i), int(x[start + i]), int(tokens[i])) for i in edit.nonzero()[:, 0]]
+            x[start:end][edit] = tokens[edit]
+            if not had_masks and not edit.any():
+                break
+            if pipeline_quirks and had_masks and step >= step_cap:
+                break
         if trace is not None:
             trace.append(commits)
         if any(t in stops for t in x[p:end].tolist()):
@@ -248,7 +289,8 @@ class BlockCausalAdapter(torch.nn.Module):
 def reference_generate(folder: str, prompt_ids: list[int], max_tokens: int, threshold: float | None = None,
                        steps_per_block: int | None = None, stop_ids: Iterable[int] | None = None, *,
                        dtype: torch.dtype = torch.float32, honour_tail_padding: bool = False,
-                       trace: list | None = None) -> list[int]:
+                       trace: list | None = None, edit_threshold: float | None = None,
+                       max_post_edit_steps: int = 16) -> list[int]:
     """The same decoding through diffusers' LLaDA2Pipeline (see the module docstring for the
     arguments and for where it departs from the contract: `diffusers_coincides`). `trace`, if
     given, receives one list per decoded block: positions committed by each forward
@@ -267,6 +309,9 @@ def reference_generate(folder: str, prompt_ids: list[int], max_tokens: int, thre
     else:
         steps, below = steps_per_block, 2.0
     eos = min(stops & default_stops or stops) if stops else None     # the pipeline takes one id: the folder's eos first
+    editing = None
+    if edit_threshold is not None:      # `>` in float32 as for the threshold; its EOS early stop would end a block
+        editing = float(np.nextafter(np.float32(edit_threshold), np.float32(-np.inf)))   # before its edits: off
 
     def record(_pipe, _global_step, step_idx, kwargs):
         if trace is not None:
@@ -277,7 +322,8 @@ def reference_generate(folder: str, prompt_ids: list[int], max_tokens: int, thre
 
     out = pipe(input_ids=torch.tensor([prompt_ids], dtype=torch.int64), gen_length=max_tokens, block_length=block,
                num_inference_steps=steps, temperature=0.0, sampling_method="greedy", threshold=below,
-               editing_threshold=None, minimal_topk=1, eos_early_stop=eos is not None, eos_token_id=eos,
+               editing_threshold=editing, max_post_steps=max_post_edit_steps, minimal_topk=1,
+               eos_early_stop=eos is not None and editing is None, eos_token_id=eos,
                mask_token_id=mask_id, output_type="seq", callback_on_step_end=record,
                callback_on_step_end_tensor_inputs=["transfer_index"])
     return _answer(out.sequences[0].tolist(), max_tokens, stops)

@@ -12,8 +12,8 @@ def capture(monkeypatch):
     calls = []
     real = model_step.commit_step
 
-    def spy(logits, masked, rows, mask_id, candidates=None):
-        out = real(logits, masked, rows, mask_id, candidates)
+    def spy(logits, masked, rows, mask_id, candidates=None, edits=None):
+        out = real(logits, masked, rows, mask_id, candidates, edits)
         calls.append((logits.detach().clone(), rows, out[0].clone(), out[1].clone()))
         return out
     monkeypatch.setattr(model_step, "commit_step", spy)

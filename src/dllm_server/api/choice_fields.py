@@ -17,6 +17,8 @@ def dllm_summary(o, req, handle, default_slo_ms: float | None) -> dict:
     out = {"forwards": s.num_forwards, "blocks": s.num_blocks_run, "steps_per_block": s.steps_per_block,
            "tokens_per_forward": round(o.tokens_per_forward, 4), "block_length": handle.block_length,
            "thresholds": [p.threshold for p in s.block_policies]}
+    if req.edit_threshold is not None:
+        out["edits"] = s.num_edits
     if s.constrained_forwards:      # structured output: what keeping the canvas completable cost
         out["constraint"] = {"forwards": s.constrained_forwards, "dp_ms": round(s.constraint_ms, 2),
                              "dp_ms_per_forward": round(s.constraint_ms / s.constrained_forwards, 3)}

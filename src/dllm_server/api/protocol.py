@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, RootModel, StrictBool, StringConstraints,
                       model_validator)
 
-from ..decoding.params import MAX_LOGPROBS, MAX_SEED, SamplingParams, StructuredOutputs
+from ..decoding.params import MAX_LOGPROBS, MAX_POST_EDIT_STEPS, MAX_SEED, SamplingParams, StructuredOutputs
 from . import openai_fields as of
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,12 @@ CONDITIONS = [
              "required": ["entropy_bound", "factor"]}},
     {"not": {"properties": {"entropy_bound": {"type": "number"}, "steps": {"type": "integer"}},
              "required": ["entropy_bound", "steps"]}},
+    {"if": {"properties": {"max_post_edit_steps": {"type": "integer"}}, "required": ["max_post_edit_steps"]},
+     "then": {"properties": {"edit_threshold": {"type": "number"}}, "required": ["edit_threshold"]}},
 ]
 MAX_N = 128      # OpenAI's limit
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "threshold", "factor", "steps", "seed", "block_length",
-                   "slo_ms", "entropy_bound")      # passed to SamplingParams as given; None: the default
+                   "slo_ms", "entropy_bound", "edit_threshold", "max_post_edit_steps")      # passed to SamplingParams as given; None: the default
 CONTEXT_RULE = ("prompt tokens + max_tokens rounded up to whole blocks (block_length) must fit the model's "
                 "context (max_model_len of /v1/models), else 400 naming max_tokens")
 
@@ -126,6 +128,13 @@ class DiffusionFields(OpenAIModel):
     entropy_bound: float | None = Field(None, ge=0, le=1e6, description="dllm: the EB-sampler rule: commit, by "
                                         "confidence, the most masked positions whose entropies summed less their "
                                         "largest stay <= this; not with factor or steps")
+    edit_threshold: float | None = Field(None, gt=0, le=1, description="dllm: LLaDA2.1's token editing (SGLang's "
+                                         "name; diffusers: editing_threshold): a filled position of the current "
+                                         "block whose proposal differs with confidence >= this is rewritten; text is "
+                                         "streamed only when its block is final; not with response_format")
+    max_post_edit_steps: integer(ge=0, le=MAX_POST_EDIT_STEPS) | None = Field(None, description="dllm: with edit_threshold, the "
+                                         "forwards a block may spend editing after its masks are filled (diffusers: "
+                                         "max_post_steps; default 16)")
     remasking: Literal["low_confidence", "random"] = Field(SamplingParams().remasking, description="random needs steps")
     slo_ms: float | None = Field(None, gt=0, le=86_400_000, description="dllm: end-to-end latency target (ms) from "
                                  "arrival; with --threshold-policy slo each block's threshold is chosen to meet it")

@@ -214,15 +214,16 @@ class Routes:
                     continue
                 if req.include_progress:
                     d, e = ev.delta, entries[i]
+                    progress = {"index": i, "block": d.block_index, "step": d.step,
+                                "positions": [p - e.prompt_len for p in d.positions],
+                                "token_ids": list(d.token_ids), "tokens": ev.tokens,
+                                "num_committed": len(d.positions) - len(ev.edits or ()),
+                                "masked": d.num_masked, "canvas": ev.canvas, "block_length": e.block_length,
+                                "block_offset": e.block_offset, "answer_len": e.answer_len}
+                    if ev.edits is not None:          # token editing: positions rewritten, from -> to token id
+                        progress["edits"] = [list(x) for x in ev.edits]
                     yield sse.frame({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                     "choices": [], "dllm": {"index": i, "block": d.block_index, "step": d.step,
-                                                             "positions": [p - e.prompt_len for p in d.positions],
-                                                             "token_ids": list(d.token_ids), "tokens": ev.tokens,
-                                                             "num_committed": len(d.positions),
-                                                             "masked": d.num_masked, "canvas": ev.canvas,
-                                                             "block_length": e.block_length,
-                                                             "block_offset": e.block_offset,
-                                                             "answer_len": e.answer_len}})
+                                     "choices": [], "dllm": progress})
                 if ev.logprobs:
                     pending[i] += ev.logprobs
                 stable = len(ev.text or "") - max(0, hold)     # a stop string may still cut the rest

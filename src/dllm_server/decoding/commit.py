@@ -54,9 +54,10 @@ def confidence_summary(conf: torch.Tensor, still_masked: torch.Tensor,
 
 
 def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow], mask_id: int,
-                candidates: tuple[float, ...] | None = None
+                candidates: tuple[float, ...] | None = None, edits: "EditInputs | None" = None
                 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [B, K, V], masked [B, K] -> host commit bool, tokens int64 [B, K] (+ summary with `candidates`)."""
+    """logits [B, K, V], masked [B, K] -> host commit bool, tokens int64 [B, K] (+ summary with `candidates`).
+    With `edits`, a commit at a filled position is a token edit (`edit_mask`)."""
     dev = logits.device
     masked = masked.to(dev)
     widths = [r.width for r in rows]
@@ -87,6 +88,8 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
         first = torch.tensor([r.first_only for r in rows], dtype=torch.bool, device=dev)
         score, count = unmask.first_position_only(score, count, first, fixed)
     commit = unmask.select_commits(score, masked, count)
+    if edits is not None:
+        commit = commit | edit_mask(tokens, conf, edits, rows)
     if candidates is None:
         host = torch.stack((commit.to(torch.int64), tokens)).cpu()
         return host[0].bool(), host[1]
@@ -94,6 +97,22 @@ def commit_step(logits: torch.Tensor, masked: torch.Tensor, rows: list[CommitRow
     k = commit.shape[1]
     host = torch.cat((commit.to(torch.float64), tokens.to(torch.float64), summary), dim=1).cpu()
     return host[:, :k].bool(), host[:, k:2 * k].to(torch.int64), host[:, 2 * k:]
+
+
+@dataclass(frozen=True, slots=True)
+class EditInputs:
+    """What token editing compares against (rows that do not edit have no editable position)."""
+    current: torch.Tensor           # int64 [B, K]: the block's tokens before this step
+    editable: torch.Tensor          # bool [B, K]: filled answer positions of editing rows
+
+
+def edit_mask(tokens: torch.Tensor, conf: torch.Tensor, edits: EditInputs, rows: list[CommitRow]) -> torch.Tensor:
+    """LLaDA2.1's edit rule: a filled answer position whose proposal differs from its token, with confidence >= the
+    row's edit threshold, takes the proposal (decided on the same forward as the mask commits)."""
+    dev = tokens.device
+    bound = torch.tensor([2.0 if r.params.edit_threshold is None else r.params.edit_threshold for r in rows],
+                         dtype=conf.dtype, device=dev)
+    return edits.editable.to(dev) & (tokens != edits.current.to(dev)) & (conf >= bound.unsqueeze(-1))
 
 
 def constrained_row(logits: torch.Tensor, row: CommitRow, gen: torch.Generator | None, mask_id: int,

@@ -12,6 +12,8 @@ REMASKING = ("low_confidence", "random")
 
 MAX_SEED = 2**63 - 1
 MAX_LOGPROBS = 20                   # top alternatives per token, as OpenAI's top_logprobs allows
+DEFAULT_POST_EDIT_STEPS = 16        # diffusers' LLaDA2Pipeline default (max_post_steps)
+MAX_POST_EDIT_STEPS = 256           # a block's editing forwards cost like its filling ones: bounded per request
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -66,6 +68,8 @@ class SamplingParams:
     entropy_bound: float | None = None
     logprobs: int | None = None          # per answer token its log-probability and this many alternatives
     structured_outputs: StructuredOutputs | None = None
+    edit_threshold: float | None = None      # LLaDA2.1's token editing (None: off): rewrite a filled position
+    max_post_edit_steps: int | None = None   # forwards a block may spend editing after its masks are filled
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -118,7 +122,17 @@ class SamplingParams:
             bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.edit_threshold is not None and (not is_num(self.edit_threshold) or not 0 < self.edit_threshold <= 1):
+            bad("edit_threshold", f"must be in (0, 1], got {self.edit_threshold!r}")
+        if self.max_post_edit_steps is not None and (not is_int(self.max_post_edit_steps)
+                                                     or not 0 <= self.max_post_edit_steps <= MAX_POST_EDIT_STEPS):
+            bad("max_post_edit_steps", f"must be an integer in [0, {MAX_POST_EDIT_STEPS}], "
+                f"got {self.max_post_edit_steps!r}")
+        if self.max_post_edit_steps is not None and self.edit_threshold is None:
+            bad("max_post_edit_steps", "applies to token editing: give edit_threshold too")
         so = self.structured_outputs
+        if so is not None and self.edit_threshold is not None:
+            bad("edit_threshold", f"cannot be combined with {so.field} (a constrained canvas is never rewritten)")
         if so is not None and not isinstance(so, StructuredOutputs):
             bad("structured_outputs", f"must be a StructuredOutputs, got {type(so).__name__}")
         if so is not None and self.ignore_eos:
@@ -135,7 +149,10 @@ class SamplingParams:
             block = default_block_length if self.block_length is None else self.block_length
         return DecodeParams(self.max_tokens, block, self.temperature, self.top_p, self.remasking,
                             default_seed if self.seed is None else self.seed, self.ignore_eos, max(0, self.top_k),
-                            float(self.min_p), block_causal=bool(model_block), logprobs=self.logprobs)
+                            float(self.min_p), block_causal=bool(model_block), logprobs=self.logprobs,
+                            edit_threshold=self.edit_threshold,
+                            max_post_edit_steps=(DEFAULT_POST_EDIT_STEPS if self.max_post_edit_steps is None
+                                                 else self.max_post_edit_steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +170,12 @@ class DecodeParams:
     block_causal: bool = False
     logprobs: int | None = None     # None: none; n: each committed token's and n alternatives (its forward's)
     constraint: str | None = None   # the regex the answer must match (structured/, compiled by the front)
+    edit_threshold: float | None = None   # token editing: a filled answer position of the current block whose
+    max_post_edit_steps: int = 0          # proposal differs with confidence >= this is rewritten (docs/llada2.md)
+
+    @property
+    def editing(self) -> bool:
+        return self.edit_threshold is not None
 
     @property
     def needs_rng(self) -> bool:

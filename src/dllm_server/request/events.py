@@ -18,3 +18,4 @@ class StreamEvent:
     tokens: list[str] | None = None
     output: GenerationOutput | None = None
     logprobs: list | None = None      # text streams that asked: (token id, entry) of the tokens newly visible
+    edits: list | None = None         # progress streams under token editing: (answer position, from id, to id)

@@ -46,7 +46,7 @@ def token_texts(token_ids, tokenizer: Tokenizer | None) -> list[str]:
 
 def progress_event(st: RequestState, delta: StepDelta, tokenizer: Tokenizer | None) -> StreamEvent:
     return StreamEvent(st.request_id, delta, st.text, canvas_text(st, tokenizer),
-                       token_texts(delta.token_ids, tokenizer))
+                       token_texts(delta.token_ids, tokenizer), edits=list(st.last_edits) if st.params.editing else None)
 
 
 def _stop_hit(st: RequestState, text: str, added: str) -> int:
@@ -56,20 +56,29 @@ def _stop_hit(st: RequestState, text: str, added: str) -> int:
     return min(hits) if hits else -1
 
 
+def _stop_string_cut(st: RequestState, added: str | None) -> Outcome | None:
+    """The finished request when the text just added completes a stop string."""
+    if added is None or not st.sampling.stop:
+        return None
+    text = st.tentative_text
+    hit = _stop_hit(st, text, added)
+    return Outcome(added, output=st.finish(text[:hit], text_cut=True), abort_worker=True) if hit >= 0 else None
+
+
 def advance(st: RequestState, msg) -> Outcome:
     if isinstance(msg, StepDelta):
         added = st.apply(msg)
-        if added is not None and st.sampling.stop:
-            text = st.tentative_text
-            hit = _stop_hit(st, text, added)
-            if hit >= 0:
-                return Outcome(added, output=st.finish(text[:hit], text_cut=True), abort_worker=True)
-        return Outcome(added or "")
+        cut = _stop_string_cut(st, added)
+        return cut or Outcome(added or "")
     if isinstance(msg, BlockDone):
-        st.block_done(msg.num_steps, msg.policy)
+        added = st.block_done(msg.num_steps, msg.policy)      # token editing: the block's text is final now
         if msg.is_final or not st.has_next_block:
-            return Outcome(output=st.finish())
-        return Outcome(continued=msg.continued, next_block=not msg.continued)
+            return Outcome(added or "", output=st.finish())
+        cut = _stop_string_cut(st, added)
+        if cut is not None:
+            cut.continued = cut.abort_worker = msg.continued      # the next block is already queued there
+            return cut
+        return Outcome(added or "", continued=msg.continued, next_block=not msg.continued)
     if isinstance(msg, RequestFailed):
         return Outcome(output=st.finish(finish_reason="error", error=msg.message))
     raise TypeError(f"unexpected message {type(msg).__name__}")

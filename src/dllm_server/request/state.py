@@ -22,6 +22,7 @@ class GenerationStats:
     latency_s: float | None = None       # arrival to finish, served requests only
     constrained_forwards: int = 0        # structured output: forwards whose commits the constraint chose
     constraint_ms: float = 0.0           # and the time its dynamic program took over them
+    num_edits: int = 0                   # token editing: filled positions rewritten
 
     def tokens_per_forward(self, num_tokens: int) -> float:
         return num_tokens / self.num_forwards if self.num_forwards else 0.0
@@ -67,6 +68,8 @@ class RequestState:
         self.stats = GenerationStats()
         self._limit = min(params.max_tokens, self.answer_len)
         self.prefix_end = 0               # answer[:prefix_end] is committed and holds no stop token
+        self.final_end = 0 if params.editing else self.answer_len   # answer[:final_end] can no longer change
+        self.last_edits: list[tuple[int, int, int]] = []             # the last step's (answer position, from, to)
         self.stopped = False
         self.detok = IncrementalDetokenizer(decode) if decode is not None else None
         self.logprobs: dict[int, tuple] | None = {} if params.logprobs is not None else None   # answer position ->
@@ -90,13 +93,18 @@ class RequestState:
         """Commit a step's positions; the stable text it added ("" if none), or None if the prefix did not grow."""
         base = self.prompt_len
         answer = self.answer
+        if self.params.editing:
+            mask = self.mask_id
+            self.last_edits = [(p - base, answer[p - base], t) for p, t in zip(delta.positions, delta.token_ids)
+                               if answer[p - base] != mask]
+            self.stats.num_edits += len(self.last_edits)
         for pos, tok in zip(delta.positions, delta.token_ids):
             answer[pos - base] = tok
         if delta.logprobs and self.logprobs is not None:
             for pos, lp in zip(delta.positions, delta.logprobs):
                 self.logprobs[pos - base] = lp
         self.stats.num_forwards += 1
-        self.stats.num_committed += len(delta.positions)
+        self.stats.num_committed += len(delta.positions) - len(self.last_edits)
         if delta.constraint_ms:
             self.stats.constrained_forwards += 1
             self.stats.constraint_ms += delta.constraint_ms
@@ -105,7 +113,8 @@ class RequestState:
     def _advance_prefix(self) -> str | None:
         start = end = self.prefix_end
         answer, mask, stops = self.answer, self.mask_id, self._stop_set
-        while end < self._limit and not self.stopped:
+        limit = min(self._limit, self.final_end)
+        while end < limit and not self.stopped:
             tok = answer[end]
             if tok == mask:
                 break
@@ -118,12 +127,18 @@ class RequestState:
         self.prefix_end = end
         return self.detok.push(answer[start:end]) if self.detok is not None else ""
 
-    def block_done(self, num_steps: int, policy: BlockPolicy | None) -> None:
+    def block_done(self, num_steps: int, policy: BlockPolicy | None) -> str | None:
+        """The block ended; under token editing its text becomes final now (returned as `apply` does)."""
         self.stats.steps_per_block.append(num_steps)
         self.stats.num_blocks_run += 1
         if policy is not None:
             self.stats.block_policies.append(policy)
+        end = self.params.block_bounds(self.prompt_len, self.block_index)[1]
         self.block_index += 1
+        if not self.params.editing:
+            return None
+        self.final_end = end - self.prompt_len
+        return self._advance_prefix()
 
     @property
     def has_next_block(self) -> bool:

@@ -273,10 +273,10 @@ class Scheduler:
                 self.policy.on_step(st, msg, wid, self.clock())
             elif isinstance(msg, BlockDone):
                 self.policy.on_block_done(st, msg)
-        if isinstance(msg, StepDelta) and outcome.output is None:
-            if entry.stream == STREAM_PROGRESS:
+        if outcome.output is None:
+            if entry.stream == STREAM_PROGRESS and isinstance(msg, StepDelta):
                 entry.events.put_nowait(progress_event(st, msg, self.tokenizer))
-            elif entry.stream == STREAM_TEXT and outcome.added:
+            elif entry.stream == STREAM_TEXT and outcome.added:      # token editing: also at a block's end
                 entry.events.put_nowait(StreamEvent(st.request_id, text=st.text, logprobs=st.take_logprobs()))
         if isinstance(msg, BlockDone):
             self.workers.uncharge(entry)

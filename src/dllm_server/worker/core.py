@@ -281,15 +281,21 @@ class WorkerCore:
             cols = list(compress(columns, row))
             committed = list(compress(values[i], row))
             marks = t.marks
+            had_masks = t.params.editing and marks.any_masked(t.start, t.end)
             positions = marks.commit(t.start, cols, committed)
             lps = () if not logprobs or i not in logprobs else _token_logprobs(logprobs[i], cols)
             out.append(StepDelta(t.request_id, t.block_index, t.step, positions, tuple(committed), marks.num_masked,
                                  () if features is None else tuple(features[i]), lps,
                                  constraint_ms[i] if constraint_ms and i in constraint_ms else 0.0))
             t.step += 1
-            final = marks.is_final(t.params.max_tokens)
+            if t.params.editing:      # the block may still change its tokens: nothing is final before its end
+                block_over = _editing_block_over(t, had_masks, bool(cols))
+                final = block_over and marks.is_final(t.params.max_tokens)
+            else:
+                final = marks.is_final(t.params.max_tokens)
+                block_over = final or not marks.any_masked(t.start, t.end)
             was_prefill = i < n_prefills
-            if final or not marks.any_masked(t.start, t.end):
+            if block_over:
                 out.append(self._end_block(t, final))
             elif was_prefill and t.handoff:
                 out.append(PrefillDone(t.request_id, t.block_index, t.step))
@@ -335,6 +341,19 @@ class WorkerCore:
                                       t.alloc.pages if written and t.alloc is not None else None)
             t.prefix_keys = None
         self.pool.free(t.request_id)
+
+
+def _editing_block_over(t: BlockTask, had_masks: bool, wrote: bool) -> bool:
+    """Token editing's end of a block, as LLaDA2.1's own generate: a forward that found no mask and changed
+    nothing settles it; at most max_post_edit_steps forwards run with no mask left (the budget is checked before
+    a forward, so none is wasted)."""
+    if not had_masks:
+        t.post_steps += 1
+        if not wrote:              # with no mask left, every write is an edit
+            return True
+    if t.marks.any_masked(t.start, t.end):
+        return False
+    return t.post_steps >= t.params.max_post_edit_steps
 
 
 def _token_logprobs(row: tuple, cols: list[int]) -> tuple:

@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..config import WorkerConfig
-from ..decoding.commit import CommitRow, commit_step, committed_logprobs
+from ..decoding.commit import CommitRow, EditInputs, commit_step, committed_logprobs
 from ..model.args import ModelArgs
 from ..structured.grammars import Grammars
 from .cuda_graph import DecodeGraphs
@@ -84,6 +84,20 @@ def causal_fed_range(t: StepBlock, is_prefill: bool, finalise: str) -> tuple[int
     return t.start, t.end
 
 
+def edit_inputs(batch: list, masked: torch.Tensor) -> EditInputs:
+    """The current block tokens and, for editing rows, which positions may be rewritten: filled answer positions
+    (a block-causal block may start inside the prompt, which is never edited)."""
+    k = masked.shape[1]
+    current = torch.zeros(len(batch), k, dtype=torch.int64)
+    editable = torch.zeros(len(batch), k, dtype=torch.bool)
+    for i, t in enumerate(batch):
+        w = t.end - t.start
+        current[i, :w] = t.canvas[t.start:t.end]
+        if t.params.editing:
+            editable[i, max(0, t.prompt_len - t.start):w] = True
+    return EditInputs(current, editable & ~masked)
+
+
 class ModelStepper:
     def __init__(self, config: WorkerConfig, model: torch.nn.Module, args: ModelArgs, pool: KVPool,
                  device: torch.device):
@@ -146,7 +160,8 @@ class ModelStepper:
                           self.first_only and i < n_pre and bool(masked[i, 0]), self._constraint(t))
                 for i, t in enumerate(batch)]
         constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
-        out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates)
+        out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates,
+                          edit_inputs(batch, masked) if any(t.params.editing for t in batch) else None)
         lps = committed_logprobs(logits, out[1], rows, mask_id) if any(r.params.logprobs is not None
                                                                          for r in rows) else None
         dp_ms = {i: rows[i].constraint.elapsed_ms for i in constrained} if constrained else None

@@ -38,6 +38,7 @@ class BlockTask:
     prefix_keys: list[bytes] | None = None
     prefix_hits: int = 0                # leading prefix_keys it references in the cache
     constraint_at: tuple | None = None  # structured output: (its automaton, block index, state at the block's start)
+    post_steps: int = 0                 # token editing: forwards this block ran with no mask left in it
 
     @property
     def key(self) -> tuple[float, int, int, str]:
@@ -48,7 +49,7 @@ class BlockTask:
         self.finalise_from = self.start if self.params.block_causal else -1
         self.start, self.end = self.params.block_bounds(self.prompt_len, self.block_index)
         self.policy, self.then = self.then or self.policy, None    # no new lease: the policy stands
-        self.step, self.phase = 0, WAITING
+        self.step, self.phase, self.post_steps = 0, WAITING, 0
 
 
 def iteration_load(prefills: list, decodes: list, decode_tokens: int) -> IterationStats:

@@ -20,18 +20,40 @@ export class Denoising {
     this.committedAt = new Int32Array(answerLen);          // forward (1-based) that committed a cell; 0: never
     this.tokenId = new Int32Array(answerLen).fill(-1);
     this.tokenText = new Array(answerLen).fill("");
+    this.rewrites = new Map();                             // token editing: cell -> [{f, from, id, text}], in order
   }
 
-  // One progress chunk's `dllm` field: one forward of this request.
+  // One progress chunk's `dllm` field: one forward of this request. Under token editing a cell
+  // filled earlier may be rewritten (d.edits: [position, from id, to id]); its history is kept.
   add(d) {
     const f = this.forwards.length + 1;
+    const edited = new Set((d.edits || []).map(e => e[0]));
     d.positions.forEach((p, i) => {
       if (p < 0 || p >= this.answerLen) return;
+      const id = d.token_ids ? d.token_ids[i] : -1, text = d.tokens ? d.tokens[i] : "";
+      if (edited.has(p) && this.committedAt[p] > 0) {
+        if (!this.rewrites.has(p)) this.rewrites.set(p, []);
+        this.rewrites.get(p).push({f, from: this.tokenId[p], fromText: this.tokenText[p], id, text});
+        return;
+      }
       this.committedAt[p] = f;
-      this.tokenId[p] = d.token_ids ? d.token_ids[i] : -1;
-      this.tokenText[p] = d.tokens ? d.tokens[i] : "";
+      this.tokenId[p] = id;
+      this.tokenText[p] = text;
     });
-    this.forwards.push({block: d.block, step: d.step, positions: d.positions, masked: d.masked});
+    this.forwards.push({block: d.block, step: d.step, positions: d.positions, masked: d.masked,
+                        edits: edited.size});
+  }
+
+  // What cell p holds after k forwards: {id, text, edits (rewrites so far), editedAt (forward of the last)}.
+  tokenAt(p, k) {
+    let id = this.tokenId[p], text = this.tokenText[p], edits = 0, editedAt = 0;
+    for (const r of this.rewrites.get(p) || []) {
+      if (r.f > k) break;
+      ({id, text} = r);
+      edits += 1;
+      editedAt = r.f;
+    }
+    return {id, text, edits, editedAt};
   }
 
   get length() {
@@ -65,8 +87,8 @@ export class Denoising {
     return steps;
   }
 
-  isStop(position) {
-    return this.stopIds.has(this.tokenId[position]);
+  isStop(position, k = this.forwards.length) {
+    return this.stopIds.has(this.tokenAt(position, k).id);
   }
 }
 

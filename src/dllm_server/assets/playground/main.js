@@ -9,7 +9,7 @@ import {CanvasView, drawLegend} from "./view.js";
 const $ = id => document.getElementById(id);
 const view = new CanvasView($("canvas"));
 const NUMBER_FIELDS = ["max_tokens", "block_length", "threshold", "steps", "factor", "entropy_bound", "slo_ms",
-                       "temperature", "seed"];
+                       "temperature", "seed", "edit_threshold", "max_post_edit_steps"];
 let info = null;
 let run = null;             // the request on screen
 let conversation = [];      // chat turns so far: [{role, content}]
@@ -159,9 +159,9 @@ function caption(m, k) {
   const f = m.forwards[k - 1];
   const head = live ? `Denoising… forward ${k} ·` : k === m.length && run.state === "done"
     ? `Finished (${run.finish}) after ${k} forwards; the last:` : `Forward ${k} of ${m.length} ·`;
-  const n = f.positions.length;
+  const n = f.positions.length - f.edits;
   return `${head} block ${f.block} (its forward ${f.step + 1}) · committed ${n} position${n === 1 ? "" : "s"} · `
-    + `${f.masked} masked left`;
+    + (f.edits ? `rewrote ${f.edits} · ` : "") + `${f.masked} masked left`;
 }
 
 // The commit rule: the request's own steps, factor or entropy bound, else the thresholds the
@@ -171,14 +171,17 @@ function commitRule(s) {
   if (b.steps) return `${b.steps} steps (fixed)`;
   if (b.factor) return `factor ${b.factor}`;
   if (b.entropy_bound != null) return `entropy bound ${b.entropy_bound}`;
-  if (!s) return `threshold ${b.threshold ?? (info ? info.defaults.threshold : "default")} (asked)`;
+  const editing = b.edit_threshold != null ? ` + editing ${b.edit_threshold}` : "";
+  if (!s) return `threshold ${b.threshold ?? (info ? info.defaults.threshold : "default")}${editing} (asked)`;
   const distinct = [...new Set(s.thresholds)];
-  return (distinct.length === 1 ? `threshold ${distinct[0]}` : `thresholds ${s.thresholds.join(" · ")}`) + " (used)";
+  return (distinct.length === 1 ? `threshold ${distinct[0]}` : `thresholds ${s.thresholds.join(" · ")}`)
+    + `${editing} (used)`;
 }
 
 function drawNumbers(m, k) {
-  const counts = m.forwards.slice(0, k).map(f => f.positions.length);
+  const counts = m.forwards.slice(0, k).map(f => f.positions.length - f.edits);
   const total = counts.reduce((a, b) => a + b, 0);
+  const edits = m.forwards.slice(0, k).reduce((a, f) => a + f.edits, 0);
   const steps = m.stepsPerBlock(k).filter(s => s > 0);
   const s = run.summary;
   const ms = t => (t === null ? "–" : `${Math.round(t - run.sentAt)} ms`);
@@ -186,7 +189,7 @@ function drawNumbers(m, k) {
   const rows = [
     ["forwards", `${k}${k < m.length ? " of " + m.length : ""}`],
     ["positions per forward", counts.length ? `${(total / counts.length).toFixed(2)} (max ${Math.max(...counts)})` : "–"],
-    ["positions committed", `${total} of ${m.answerLen}`],
+    ["positions committed", `${total} of ${m.answerLen}` + (edits ? ` · ${edits} rewrites (token editing)` : "")],
     ["steps per block", steps.length ? steps.join(" · ") : "–"],
     ["blocks decoded", `${steps.length} of ${m.numBlocks}`],
     ["block length", String(s ? s.block_length : m.blockLength)],

@@ -100,14 +100,17 @@ export class CanvasView {
       title = `position ${p} · block ${model.blockOf(p)} · ` + (skipped ? "never decoded: the answer ended earlier"
         : "masked");
     } else {
-      const shown = cellText(model.tokenText[p], model.isStop(p));
+      const now = model.tokenAt(p, k);
+      const shown = cellText(now.text, model.isStop(p, k));
       const fw = model.forwards[f - 1];
       colour = forwardColour(f, k);
       text = byForward ? String(f) : shown.text;
-      cls = `cell committed ${shown.kind}` + (f === k && !end ? " new" : "");
+      cls = `cell committed ${shown.kind}` + ((f === k || now.editedAt === k) && !end ? " new" : "")
+        + (now.edits ? " edited" : "");
       look = `${f}/${k}/${text}/${cls}`;
       title = `position ${p} · block ${fw.block} · committed at forward ${f} (its block's forward ${fw.step + 1}) · `
-        + `token ${JSON.stringify(model.tokenText[p])} (id ${model.tokenId[p]})`;
+        + `token ${JSON.stringify(now.text)} (id ${now.id})`
+        + (now.edits ? ` · rewritten ${now.edits}× by token editing, last at forward ${now.editedAt}` : "");
     }
     if (beyond) {
       cls += " beyond";
@@ -131,7 +134,8 @@ export function drawLegend(root, k, {beyond = false, skipped = false} = {}) {
   root.innerHTML = `
     <span class="item"><span class="ramp">${ramp}</span> committed at forward 1 … ${n} (early → late)</span>
     <span class="item"><span class="chip masked-chip">░</span> masked: not decoded yet</span>
-    <span class="item"><span class="chip new-chip">a</span> committed by the forward shown</span>
+    <span class="item"><span class="chip new-chip">a</span> committed or rewritten by the forward shown</span>
+    <span class="item"><span class="chip edited-chip">a</span> rewritten by token editing (tooltip: how often)</span>
     <span class="item"><span class="chip">∎</span> end of answer (EOS / end of turn)</span>
     <span class="item"><span class="chip">␣</span> space · <span class="chip">↵</span> newline ·
       <span class="chip">·</span> part of a multi-byte character</span>
