@@ -114,7 +114,7 @@ def add_sim_parsers(sub) -> None:
     cal.add_argument("--seed", type=int, default=0)
     plan = sub.add_parser("plan", help="simulate candidate configurations and rank them by capacity at an SLO",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    plan.add_argument("--model", default="llada-8b", choices=("llada-8b", "dream-7b"))
+    plan.add_argument("--model", default="llada-8b", choices=("llada-8b", "dream-7b", "llada2-mini"))
     plan.add_argument("--device", default="h100", choices=("h100", "h200", "cpu"),
                       help="device profile (cpu: needs --calibration)")
     plan.add_argument("--gpu-bench", help="a bench/gpu.py JSON: fit the GPU cost model to that measured run")

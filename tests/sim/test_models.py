@@ -23,6 +23,26 @@ def test_model_shapes_match_the_published_sizes():
     assert dream.kv_bytes_per_token == 56 * 1024                               # 56 KiB (sangam.md 1.4)
 
 
+def test_moe_shapes_match_the_published_sizes_and_read_the_experts_the_batch_routes_to():
+    mini, flash = MODELS["llada2-mini"], MODELS["llada2-flash"]
+    embed = mini.head_params                                                   # untied: embedding + head
+    assert 15.5e9 < mini.linear_params + 2 * embed < 16.5e9                    # "16B total"
+    assert 1.3e9 < mini.active_linear_params + 2 * embed < 1.5e9              # "1.4B active"
+    assert 95e9 < flash.linear_params + 2 * flash.head_params < 105e9         # "about 100B"
+    assert 5.8e9 < flash.active_linear_params + 2 * flash.head_params < 6.4e9  # "6.1B active"
+    reads = [mini.linear_bytes_read(t) for t in (1, 8, 64, 512, 1 << 20)]
+    assert reads == sorted(reads) and reads[-1] <= mini.linear_params * 2 < 1.01 * reads[-1]
+    assert reads[0] < 0.1 * reads[-1]                                          # one token: its 8 experts of 256
+    cost, dense = gpu_cost("llada2-mini", "h100"), gpu_cost("llada-8b", "h100")
+
+    def step(c, batch, width=32):
+        return c.forward_s(_It(decode_tokens=width * batch, decode_keys=1024 * batch, num_decodes=batch))
+    assert step(cost, 1, width=1) < step(dense, 1, width=1) / 3     # one token: 8 experts' weights, not 8B
+    assert step(cost, 1) > step(dense, 1)             # one block of 32 touches ~160 of 256 experts: 20 GB read
+    assert step(cost, 1) < step(cost, 2) < step(cost, 4)   # unlike a dense model, more tokens read more experts
+    assert step(cost, 128) < step(dense, 128) / 4     # compute-bound: 1.1B active against 7.5B
+
+
 def test_block_step_is_flat_until_the_batch_saturates_compute_then_linear():
     cost = gpu_cost("llada-8b", "h100")
 

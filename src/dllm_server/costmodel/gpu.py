@@ -11,6 +11,24 @@ from .iteration import IterationStats
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    experts: int
+    top_k: int
+    expert_hidden: int
+    shared: int
+    dense_layers: int          # the first layers keep a dense MLP (mlp_hidden wide)
+
+    def sparse_layers(self, layers: int) -> int:
+        return layers - self.dense_layers
+
+    def active_params(self, hidden: int) -> int:
+        return (self.top_k + self.shared) * 3 * hidden * self.expert_hidden + hidden * self.experts   # + router
+
+    def idle_params(self, hidden: int) -> int:
+        return (self.experts - self.top_k) * 3 * hidden * self.expert_hidden
+
+
+@dataclass(frozen=True)
 class ModelShape:
     name: str
     hidden: int
@@ -27,11 +45,38 @@ class ModelShape:
     source: str
     bytes_per_param: int = 2
     block_size: int = 0        # > 0: block-causal (SDAR), decoding in blocks of this width on the absolute grid
+    moe: "MoEShape | None" = None   # a mixture-of-experts MLP in all but the first `moe.dense_layers` layers
+
+    @property
+    def _attn_params(self) -> int:
+        return 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
 
     @property
     def linear_params(self) -> int:
-        attn = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
-        return self.layers * (attn + 3 * self.hidden * self.mlp_hidden)
+        """Every projection held in memory (MoE: every expert)."""
+        if self.moe is None:
+            return self.layers * (self._attn_params + 3 * self.hidden * self.mlp_hidden)
+        return self.active_linear_params + self.moe.sparse_layers(self.layers) * self.moe.idle_params(self.hidden)
+
+    @property
+    def active_linear_params(self) -> int:
+        """Projections one token multiplies (MoE: its top-k experts and the shared ones)."""
+        if self.moe is None:
+            return self.linear_params
+        m = self.moe
+        dense = m.dense_layers * 3 * self.hidden * self.mlp_hidden
+        return self.layers * self._attn_params + dense + m.sparse_layers(self.layers) * m.active_params(self.hidden)
+
+    def linear_bytes_read(self, tokens: int) -> float:
+        """Projection weights one forward over `tokens` reads: all of a dense model; under MoE the dense part
+        and the experts the batch routes to (uniform routing: E (1 - (1 - k/E)^tokens) per layer, an assumption)."""
+        if self.moe is None:
+            return self.linear_params * self.bytes_per_param
+        m = self.moe
+        touched = m.experts * (1.0 - (1.0 - m.top_k / m.experts) ** max(tokens, 1))
+        per_layer = (m.shared + touched) * 3 * self.hidden * m.expert_hidden + self.hidden * m.experts
+        dense = self.layers * self._attn_params + m.dense_layers * 3 * self.hidden * self.mlp_hidden
+        return (dense + m.sparse_layers(self.layers) * per_layer) * self.bytes_per_param
 
     @property
     def head_params(self) -> int:
@@ -59,6 +104,15 @@ MODELS = {
                           "assumption: SDAR-8B-Chat has Qwen3-8B's layout (hidden 4096, 36 layers, 32/8 heads, MLP "
                           "12288), its block_size 4 and mask_token_id 151669 (ray_and_block_causal.md, SDAR's "
                           "config.json)", block_size=4),
+    "llada2-mini": ModelShape("llada2-mini", 2048, 20, 16, 4, 128, 5120, 157184, 0, 32768, 156895, 156892,
+                              "LLaDA2.x-mini config.json (field_2026-12.md 1): 256 experts of 512, top 8, 1 shared, "
+                              "first layer dense; assumptions: its dense MLP 5120 wide and vocabulary 157184 "
+                              "(Ling-mini-2.0's)", block_size=32, moe=MoEShape(256, 8, 512, 1, 1)),
+    "llada2-flash": ModelShape("llada2-flash", 4096, 32, 32, 4, 128, 9216, 157184, 0, 32768, 156895, 156892,
+                               "assumption: LLaDA2.x-flash as Ling-flash-2.0 (hidden 4096, 32 layers, 32/4 heads, 256 "
+                               "experts of 1024, top 8, 1 shared, first layer dense, dense MLP 9216); gives 103B "
+                               "total, 6.1B active (inclusionAI/LLaDA2.X: about 100B / 6.1B)",
+                               block_size=32, moe=MoEShape(256, 8, 1024, 1, 1)),
 }
 
 
@@ -162,8 +216,8 @@ class RooflineCost:
         """forward_s's constants, computed once, in the same order as written out inline: the same floats."""
         m, d, e = self.model, self.device, self.eff
         gemm, attn_rate, bw = d.peak_flops * e.gemm, d.peak_flops * e.attention, d.mem_bytes_per_s * e.memory
-        lp, hp = m.linear_params, m.head_params
-        terms = (gemm, attn_rate, bw, self.block_length, 2 * lp, lp * m.bytes_per_param / bw, 2 * hp,
+        lp, hp = m.active_linear_params, m.head_params
+        terms = (gemm, attn_rate, bw, self.block_length, 2 * lp, m.linear_bytes_read(1 << 30) / bw, 2 * hp,
                  hp * m.bytes_per_param, m.vocab, 4 * m.layers * m.heads * m.head_dim, m.kv_bytes_per_token,
                  e.eager_launch_s, e.graph_launch_s)
         object.__setattr__(self, "_terms", terms)
@@ -188,6 +242,8 @@ class RooflineCost:
          kv_bytes, eager_s, graph_s) = getattr(self, "_terms", None) or self._constants()
         tokens = it.prefill_tokens + it.decode_tokens
         logit_rows = rows * block_length           # our engine computes logits at block positions only
+        if self.model.moe is not None:
+            lin_bytes_s = self.model.linear_bytes_read(tokens) / bw
         linear = max(lin_flops * tokens / gemm, lin_bytes_s)
         head = max(head_flops * logit_rows / gemm, (head_bytes + logit_rows * vocab * 4) / bw)
         q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0
@@ -205,6 +261,8 @@ class RooflineCost:
         d, rows = self.tp, it.num_prefills + it.num_decodes
         tokens = it.prefill_tokens + it.decode_tokens
         logit_rows = rows * block_length
+        if self.model.moe is not None:
+            lin_bytes_s = self.model.linear_bytes_read(tokens) / bw
         linear = max(lin_flops * tokens / gemm, lin_bytes_s) / d
         head = max(head_flops * logit_rows / gemm, (head_bytes + logit_rows * vocab * 4) / bw)
         q_per_decode = it.decode_tokens / it.num_decodes if it.num_decodes else 0.0

@@ -24,6 +24,11 @@ POSITIONS_PER_FORWARD = {
         (0.9, 3.01, "Fast-dLLM Fig. 1b, LLaDA GSM8K, parallel + cache (dllm_algorithms.md 3.2)"),
         (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
     ),
+    "llada2-mini": (
+        (0.5, 5.34, "LLaDA2.1-mini's speed mode (threshold 0.5, no editing): its model card (field_2026-12.md 1)"),
+        (0.95, 2.60, "LLaDA2.0-mini at its default threshold 0.95: its model card"),
+        (1.0, 1.0, "assumption: at threshold 1 only the best position commits"),
+    ),
     "dream-7b": (
         (0.7, 4.85, "assumption: LLaDA-8B's figure"),
         (0.9, 3.01, "assumption: LLaDA-8B's figure (Fast-dLLM reports Dream speed-ups, not tokens per forward)"),
