@@ -94,3 +94,21 @@ def streaming_under_editing(s, folder: str) -> None:
     assert len([x for x in pieces if x]) >= 2                  # more than one block's worth, sent as they ended
     text = Tokenizer(folder).decode(final["choices"][0]["token_ids"])
     assert "".join(pieces) == final["choices"][0]["text"] == text
+
+
+def test_the_slo_policy_chooses_this_familys_thresholds(tiny_llada2, tmp_path):
+    """--threshold-policy slo on a block-causal MoE model: a loose SLO keeps the checkpoint's careful threshold, a
+    tight one takes the ladder's fastest and fewer forwards; with editing the policy still sets the mask threshold
+    (editing's post-edit forwards are the request's own, not predicted: docs/llada2.md)."""
+    s = start_server(tiny_llada2, "--threshold-policy", "slo", tmp_path=tmp_path)
+    try:
+        body = {"prompt": [5, 6, 7, 8] * 10, "max_tokens": 64, "ignore_eos": True}
+        loose, tight, edited = (httpx.post(s.url + "/v1/completions", json={**body, **extra}, timeout=60).json()
+                                ["choices"][0]["dllm"] for extra in ({"slo_ms": 60_000}, {"slo_ms": 1},
+                                                                     {"slo_ms": 1, "edit_threshold": 0.5,
+                                                                      "max_post_edit_steps": 2}))
+        assert min(loose["thresholds"]) > max(tight["thresholds"]) == max(edited["thresholds"])
+        assert tight["forwards"] < loose["forwards"] and tight["slo_met"] is False and loose["slo_met"] is True
+        assert edited["edits"] > 0 and edited["forwards"] > tight["forwards"]
+    finally:
+        s.stop()
