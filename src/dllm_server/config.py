@@ -74,6 +74,8 @@ class ModelConfig(_Section):
     attention_backend: str = _f("sdpa", "sdpa (CPU/GPU) or flashinfer (CUDA; falls back to SDPA without CUDA or "
                                 "the package; not yet validated on a GPU)",
                                 choices=("sdpa", "flashinfer"))
+    moe_backend: str = _f("torch", "MoE layers: torch (grouped matmuls) or flashinfer (CUDA: its fused kernel where "
+                          "it agrees with torch at load; docs/llada2.md)", choices=("torch", "flashinfer"))
     enforce_eager: bool = _f(False, "CUDA: run decode-only iterations eagerly instead of replaying CUDA graphs "
                              "captured per (batch, block, key length) bucket")
     skip_tokenizer_init: bool = _f(False, "allow a checkpoint without tokenizer files (prompts as token ids)")
@@ -244,8 +246,8 @@ class DebugConfig(_Section):
 
 @dataclass(frozen=True)
 class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, DecodeConfig, ModelConfig):
-    """Every section's fields, flat: `ServerConfig(block_length=8)`, `config.block_length`, one flag
-    each. The rules that tie sections together are checked here."""
+    """Every section's fields, flat: `ServerConfig(block_length=8)`, `config.block_length`, one flag each. The
+    rules that tie sections together are checked here."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -271,8 +273,7 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
                 "placement, or tensor_parallel_size 1")
 
     def check_model_heads(self, num_heads: int, num_kv_heads: int) -> None:
-        """The rules that need the model's head counts (read from its config.json before any
-        weights load)."""
+        """The rules that need the model's head counts (read from its config.json before any weights load)."""
         why = tp_degree_error(self.tensor_parallel_size, num_heads, num_kv_heads)
         if why:
             raise ValueError(f"tensor_parallel_size: {why}")
@@ -290,9 +291,7 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
 
     @property
     def pages_per_worker(self) -> int:
-        if self.num_pages is not None:
-            return self.num_pages
-        return -(-self.kv_cache_tokens // self.page_size)
+        return self.num_pages if self.num_pages is not None else -(-self.kv_cache_tokens // self.page_size)
 
     def replace(self, **changes) -> "ServerConfig":
         return dataclasses.replace(self, **changes)
@@ -312,7 +311,7 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
                             fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size,
                             block_causal_finalise=self.block_causal_finalise,
                             prefix_caching=self.enable_prefix_caching and self.block_causal_finalise != "recompute",
-                            hooks=hooks or TestHooks())
+                            moe_backend=self.moe_backend, hooks=hooks or TestHooks())
 
 
 SECTIONS: tuple[type, ...] = (ModelConfig, DecodeConfig, SchedulingConfig, ClusterConfig, HTTPConfig, DebugConfig)
@@ -377,6 +376,7 @@ class WorkerConfig:
     tensor_parallel_size: int = 1      # ranks of this worker's instance (worker/tp.py)
     block_causal_finalise: str = "fused"
     prefix_caching: bool = False       # block-causal models only
+    moe_backend: str = "torch"
     hooks: TestHooks = TestHooks()
 
 

@@ -212,3 +212,47 @@ def test_tp2_packed_forward_equals_tp1(tiny_llada2):
     runner, pool, args = build(tiny_llada2, "float32", None)
     for w, g in zip(packed_forwards(runner, pool, args), map(torch.from_numpy, got["float32"])):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_models_decode_eagerly_on_cuda(tiny_llada2, tiny_sdar):
+    """The grouped MoE reads its per-expert counts on the host, which a CUDA graph capture cannot hold: decode graphs
+    stay off for MoE checkpoints and on for dense ones (decided from the config; no GPU needed)."""
+    from dllm_server.config import ServerConfig
+    from dllm_server.model.loader import load_model
+    from dllm_server.worker.model_step import uses_decode_graphs
+    cuda, worker = torch.device("cuda"), ServerConfig().worker_config()
+    moe_args, dense_args = load_model(tiny_llada2, "float32")[1], load_model(tiny_sdar, "float32")[1]
+    assert not uses_decode_graphs(cuda, worker, moe_args)
+    assert uses_decode_graphs(cuda, worker, dense_args)
+    assert not uses_decode_graphs(torch.device("cpu"), worker, dense_args)
+    assert not uses_decode_graphs(cuda, ServerConfig(enforce_eager=True).worker_config(), dense_args)
+
+
+def _kernel_up_gate(x, ids, scales, fc1, fc2, out_dtype, quant_scales):
+    """A stand-in for FlashInfer's cutlass_fused_moe (no GPU here), written to its documented contract with fc1's
+    halves as [up; gate]: out[t] = sum_j scales[t, j] * fc2[e] (silu(gate) * up), e = ids[t, j]."""
+    assert ids.dtype == torch.int32 and scales.dtype == torch.float32 and quant_scales == []
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            up, gate = (fc1[e].float() @ x[t].float()).chunk(2)
+            out[t] += scales[t, j] * (fc2[e].float() @ (torch.nn.functional.silu(gate) * up))
+    return out.to(out_dtype)
+
+
+def test_a_fused_moe_kernel_replaces_the_experts_only_where_it_agrees(tiny_llada2):
+    from dllm_server.model.loader import load_model
+    from dllm_server.model.moe import SparseMoE, use_fused_experts
+    model = load_model(tiny_llada2, "float32")[0]
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    x = torch.randn(40, layers[0].gate.serving.weight_t.shape[0], generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        before = [layer(x) for layer in layers]
+        assert use_fused_experts(model, lambda *a, **k: _kernel_up_gate(*a, **k) * 1.5) == 0    # wrong: kept
+        assert use_fused_experts(model, lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no sm90"))) == 0
+        assert all(layer.fused is None and layer.experts is not None for layer in layers)
+        assert use_fused_experts(model, _kernel_up_gate) == len(layers) > 0
+        assert all(layer.experts is None and layer.fused.up_first for layer in layers)    # the order it found
+        for layer, want in zip(layers, before):
+            torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Builds a WorkerCore from a checkpoint folder, the same way for worker processes and the offline LLM."""
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -9,6 +10,7 @@ from ..config import WorkerConfig
 from ..messages import ModelInfo
 from ..model.args import ModelArgs
 from ..model.loader import load_model
+from ..model.moe import flashinfer_kernel, use_fused_experts
 from ..model.tp import TPShard
 from .core import WorkerCore
 from .determinism import set_fixed_rows
@@ -20,6 +22,8 @@ from .prefix_cache import PrefixCache
 from .profile import profile_iterations
 from .memory import glibc_malloc_trim
 from .tp import PlanSender, TPGroups, rss_mb
+
+log = logging.getLogger(__name__)
 
 
 def model_info(args: ModelArgs) -> ModelInfo:
@@ -39,12 +43,24 @@ def build_stepper(config: WorkerConfig, model_path: str, device: torch.device,
     trim()
     weights_mb = rss_mb(anonymous=True) - before      # this rank's weights as the process holds them (not the file)
     set_fixed_rows(model, config.fixed_matmul_rows)
+    if args.moe is not None and config.moe_backend == "flashinfer":
+        fuse_moe_kernel(model, device, config.fixed_matmul_rows)
     pool = KVPool(args.num_layers, config.num_pages, config.page_size, args.local_kv_heads, args.head_dim, dtype,
                   device)
     stepper = ModelStepper(config, model, args, pool, device)
     stepper.weights_rss_mb = weights_mb
     stepper.grammar_folder = str(model_path)
     return stepper, pool, args
+
+
+def fuse_moe_kernel(model, device: torch.device, fixed_rows: int) -> int:
+    """--moe-backend flashinfer: the fused kernel where it is installed and computes what the torch experts do; not
+    under forced batch invariance (its tiling may follow the token count). Returns the layers fused."""
+    kernel = flashinfer_kernel() if device.type == "cuda" and not fixed_rows else None
+    fused = use_fused_experts(model, kernel) if kernel is not None else 0
+    log.info("moe backend: %s", f"FlashInfer fused kernel in {fused} layers" if fused else
+             "torch (FlashInfer's fused MoE needs CUDA, the package and no fixed-row matmuls)")
+    return fused
 
 
 def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,

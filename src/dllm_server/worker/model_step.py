@@ -84,6 +84,17 @@ def causal_fed_range(t: StepBlock, is_prefill: bool, finalise: str) -> tuple[int
     return t.start, t.end
 
 
+def uses_decode_graphs(device: torch.device, config: WorkerConfig, args: ModelArgs) -> bool:
+    """CUDA graphs for decode-only iterations, except where a forward syncs with the host: the torch MoE layer reads
+    its per-expert row counts (moe.SparseMoE.routed), which a capture cannot hold."""
+    if device.type != "cuda" or config.enforce_eager or config.hooks.causal:
+        return False
+    if args.moe is not None:
+        log.info("mixture of experts: decode iterations run eagerly (the grouped MoE reads its expert counts)")
+        return False
+    return True
+
+
 def edit_inputs(batch: list, masked: torch.Tensor) -> EditInputs:
     """The current block tokens and, for editing rows, which positions may be rewritten: filled answer positions
     (a block-causal block may start inside the prompt, which is never edited)."""
@@ -106,7 +117,7 @@ class ModelStepper:
         self.lead = window_lead(args.logit_shift, config.dream_decoding)
         self.first_only = first_only(args.logit_shift, config.dream_decoding, config.cache)
         graphs = None
-        if device.type == "cuda" and not config.enforce_eager and not config.hooks.causal:
+        if uses_decode_graphs(device, config, args):
             graphs = DecodeGraphs(model, args, pool, device, config.policy.max_active_decodes, capture=True,
                                   lead=self.lead)
             t0 = time.perf_counter()
