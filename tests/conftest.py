@@ -48,7 +48,7 @@ SLOW = ("tests/api/", "tests/engine/", "tests/reliability/test_abuse.py", "tests
         "tests/executor/test_ray.py", "tests/executor/test_stuck.py", "tests/executor/test_outbox_death.py",
         "tests/cluster/test_reconfigure.py", "tests/worker/test_kv_stream.py", "tests/bench/test_gpu_bench.py",
         "tests/bench/test_gpu_preflight.py", "tests/bench/test_handoff_bench.py", "tests/loadgen/test_loadgen_e2e.py",
-        "tests/model/test_tp_forward.py", "tests/structured/test_served.py")
+        "tests/model/test_tp_forward.py", "tests/structured/test_served.py", "tests/reliability/test_chaos.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -253,7 +253,8 @@ class Routes:
         if self.engine.is_started:
             for w in self.engine.stats().workers:
                 instances.append({"worker": w.worker_id, "role": w.role, "tensor_parallel_size": w.tp_size,
-                                  "kv_pages": w.num_pages, "rank_rss_mb": [round(r, 1) for r in w.rank_rss_mb],
+                                  "kv_pages": w.num_pages, "rank_pids": list(w.rank_pids),
+                                  "rank_rss_mb": [round(r, 1) for r in w.rank_rss_mb],
                                   "rank_weights_mb": [round(r, 1) for r in w.rank_weights_mb]})
                 r = w.row_invariance
                 if r is not None:
