@@ -54,6 +54,8 @@ def filter_body(context, body) -> bool:
     if body.get("guided_json") is not None or body.get("guided_regex") is not None or (
             isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")):
         return False
+    if body.get("max_post_edit_steps") is not None and body.get("edit_threshold") is None:
+        return False                  # a 400 by the field's documented rule (test_errors.py sends it)
     max_tokens = _int(body.get("max_completion_tokens")) or _int(body.get("max_tokens")) or DEFAULT_MAX[path]
     block = _int(body.get("block_length")) or BLOCK
     if max_tokens < 1 or block < 1:

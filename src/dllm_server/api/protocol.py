@@ -54,8 +54,6 @@ CONDITIONS = [
              "required": ["entropy_bound", "factor"]}},
     {"not": {"properties": {"entropy_bound": {"type": "number"}, "steps": {"type": "integer"}},
              "required": ["entropy_bound", "steps"]}},
-    {"if": {"properties": {"max_post_edit_steps": {"type": "integer"}}, "required": ["max_post_edit_steps"]},
-     "then": {"properties": {"edit_threshold": {"type": "number"}}, "required": ["edit_threshold"]}},
 ]
 MAX_N = 128      # OpenAI's limit
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "threshold", "factor", "steps", "seed", "block_length",
@@ -132,7 +130,7 @@ class DiffusionFields(OpenAIModel):
                                          "name; diffusers: editing_threshold): a filled position of the current "
                                          "block whose proposal differs with confidence >= this is rewritten; text is "
                                          "streamed only when its block is final; not with response_format")
-    max_post_edit_steps: integer(ge=0, le=MAX_POST_EDIT_STEPS) | None = Field(None, description="dllm: with edit_threshold, the "
+    max_post_edit_steps: integer(ge=0, le=MAX_POST_EDIT_STEPS) | None = Field(None, description="dllm: needs edit_threshold; the "
                                          "forwards a block may spend editing after its masks are filled (diffusers: "
                                          "max_post_steps; default 16)")
     remasking: Literal["low_confidence", "random"] = Field(SamplingParams().remasking, description="random needs steps")
