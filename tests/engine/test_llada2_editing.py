@@ -63,8 +63,6 @@ def test_engine_equals_the_plain_loop_with_and_without_editing(tiny_llada2, loop
         assert o.stats.num_edits == loop[rule][1][i], (rule, i)
     edited = [o for (rule, _), o in zip(cases, outs) if "edit" in rule]
     assert sum(o.stats.num_edits for o in edited) > 1000 and all(o.stats.num_edits > 0 for o in edited)
-    plain_forwards = sum(o.stats.num_forwards for (rule, _), o in zip(cases, outs) if rule == "t0.7")
-    assert sum(o.stats.num_forwards for o in edited) > plain_forwards or plain_forwards == 0
 
 
 @pytest.mark.parametrize("rule", ["t0.95", "t0.5"])

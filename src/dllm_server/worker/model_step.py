@@ -95,17 +95,13 @@ def uses_decode_graphs(device: torch.device, config: WorkerConfig, args: ModelAr
     return True
 
 
-def edit_inputs(batch: list, masked: torch.Tensor) -> EditInputs:
-    """The current block tokens and, for editing rows, which positions may be rewritten: filled answer positions
-    (a block-causal block may start inside the prompt, which is never edited)."""
-    k = masked.shape[1]
-    current = torch.zeros(len(batch), k, dtype=torch.int64)
-    editable = torch.zeros(len(batch), k, dtype=torch.bool)
+def edit_inputs(batch: list, current: torch.Tensor, masked: torch.Tensor) -> EditInputs:
+    """For editing rows, which positions may be rewritten: filled answer positions (a block-causal block may start
+    inside the prompt, which is never edited)."""
+    editable = torch.zeros(masked.shape, dtype=torch.bool)
     for i, t in enumerate(batch):
-        w = t.end - t.start
-        current[i, :w] = t.canvas[t.start:t.end]
         if t.params.editing:
-            editable[i, max(0, t.prompt_len - t.start):w] = True
+            editable[i, max(0, t.prompt_len - t.start):t.end - t.start] = True
     return EditInputs(current, editable & ~masked)
 
 
@@ -160,11 +156,12 @@ class ModelStepper:
         mask_id = self.args.mask_id
         blocks = [t.canvas[t.start:t.end] for t in batch]
         if all(b.numel() == logits.shape[1] for b in blocks):
-            masked = torch.stack(blocks) == mask_id
+            current = torch.stack(blocks)
         else:
-            masked = torch.zeros(len(batch), logits.shape[1], dtype=torch.bool)
+            current = torch.full((len(batch), logits.shape[1]), -1, dtype=torch.int64)    # -1: padding, never masked
             for i, b in enumerate(blocks):
-                masked[i, : b.numel()] = b == mask_id
+                current[i, : b.numel()] = b
+        masked = current == mask_id
         # Fast-dLLM's Dream rule, only while the first position is open (a re-prefill may find it committed)
         n_pre = len(prefills)
         rows = [CommitRow(t.end - t.start, t.params, t.policy, t.block_index, t.step,
@@ -172,7 +169,7 @@ class ModelStepper:
                 for i, t in enumerate(batch)]
         constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
         out = commit_step(logits, masked, rows, mask_id, self.config.step_candidates,
-                          edit_inputs(batch, masked) if any(t.params.editing for t in batch) else None)
+                          edit_inputs(batch, current, masked) if any(t.params.editing for t in batch) else None)
         lps = committed_logprobs(logits, out[1], rows, mask_id) if any(r.params.logprobs is not None
                                                                          for r in rows) else None
         dp_ms = {i: rows[i].constraint.elapsed_ms for i in constrained} if constrained else None
