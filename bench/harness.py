@@ -88,6 +88,10 @@ def write_json(path: str | Path, data, indent: int | None = 1) -> Path:
     return path
 
 
+def read_json(path: str | Path):
+    return json.loads(Path(path).read_text())
+
+
 class Table:
     """One markdown table, printed as it fills (header at once, then each row as `row` gets it,
     flushed, so a long run shows what it has measured) and kept for the JSON. A column is a name

@@ -6,6 +6,7 @@ policy with FCFS (before), and each fixed threshold of the ladder with FCFS and 
 the checks of docs/slo.md ("Deadline-aware scheduling").
 
     python -m bench.sim_deadline [--curves dilaserve,weak] [--slo-k 1.5,3] [--seeds 0,1] [--jobs 2] [--json out.json]
+        [--configs slo --baseline earlier.json]     # rerun some configurations, the rest read from an earlier run
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import Table, parser, write_json
+from bench.harness import Table, parser, read_json, write_json
 from bench.sim_reconfig_static import BLOCK, LADDER, base_config, phase_metrics, run_layout
 from dllm_server.costmodel.gpu import MODELS, gpu_cost
 from dllm_server.sim.behaviour import POSITIONS_PER_FORWARD, positions_per_forward
@@ -93,20 +94,32 @@ def main() -> None:
                     "simulated capacity at fixed 0.9, bench.sim_reconfig_static)")
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--jobs", type=int, default=2, help="simulations run at once (one core each)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="the configurations to run")
+    ap.add_argument("--baseline", default=None, help="an earlier run's JSON: the configurations not run are read "
+                    "from it (the same trace arguments)")
     a = ap.parse_args()
+    run_names = a.configs.split(",")
+    unknown = set(run_names) - set(CONFIGS)
+    if unknown or (set(run_names) != set(CONFIGS) and not a.baseline):
+        ap.error(f"--configs: {sorted(unknown)} unknown" if unknown else "--configs other than all needs --baseline")
     curves, ks = a.curves.split(","), [float(k) for k in a.slo_k.split(",")]
     seeds, layouts = [int(s) for s in a.seeds.split(",")], [int(d) for d in a.layouts.split(",")]
     jobs = [(c, k, s, d, n, a.reference_rate, a.phase_s) for c in curves for k in ks for s in seeds
-            for d in layouts for n in CONFIGS]
+            for d in layouts for n in run_names]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.jobs) as pool:
         results = list(pool.map(job, jobs))
+    if a.baseline:
+        kept = {(r["curve"], r["slo_k"], r["seed"], r["degree"]) for r in results}
+        results += [r for r in read_json(a.baseline)["runs"] if r["config"] not in run_names
+                    and (r["curve"], r["slo_k"], r["seed"], r["degree"]) in kept]
     print(f"SIMULATED (roofline cost model, parametric behaviour; no GPU ran): {MODEL} on 16 x h100, the "
           f"BurstGPT-like trace at {', '.join(f'{s:g}x' for s in SCALES)} of {a.reference_rate:g} req/s, "
           f"{a.phase_s:g}-s phases; SLO = k x unloaded TP4 latency at 0.95; the slo policy: ladder {LADDER}, floor "
           f"0.7, load control, routing completion, tau 1024; curves: dilaserve (0.9 -> 0.7 saves 38 % of the "
           f"steps; 3.01 positions a forward at 0.9) and weak (saves 15 %); {len(jobs)} runs, "
-          f"{time.perf_counter() - t0:.0f} s wall\n")
+          f"{time.perf_counter() - t0:.0f} s wall" + (f"; {', '.join(sorted(set(CONFIGS) - set(run_names)))} read "
+                                                     f"from {a.baseline}" if a.baseline else "") + "\n")
     by_cell: dict = {}
     for r in results:
         by_cell.setdefault((r["curve"], r["slo_k"], r["seed"], r["degree"]), {})[r["config"]] = r

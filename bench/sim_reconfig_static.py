@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import statistics
 import sys
@@ -96,7 +98,8 @@ def build_sim(degrees, cost_for, config: ServerConfig, model: str = "llada-8b", 
     policy = sim.scheduler.policy
     log: list = []
     if getattr(policy, "controller", None) is not None:
-        rec = RecordingController(policy.controller.candidates, policy.controller.target)
+        c = policy.controller      # every setting carried over, not only the two the constructor needs
+        rec = RecordingController(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)})
         rec.log, rec.clock = log, sim.clock
         policy.controller = rec
     return sim, log

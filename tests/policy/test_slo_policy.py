@@ -247,3 +247,59 @@ def test_load_control_caps_a_burst_within_one_period_and_forgets_it_after_a_quie
     now[0] = 3.0 + 5.5                                             # quiet past that memory: the cap is forgotten
     [tau] = arrive(1, 200)
     assert policy.cap == 0.95 and tau == 0.95
+
+
+def test_load_control_raises_only_after_a_calm_spell():
+    c = LoadController(CANDS, calm_updates=3)
+    capacity = 100.0
+    high, low = np.full(6, 1000.0), np.full(6, 10.0)
+    assert c.update(high, capacity) == 0.5
+    assert [c.update(low, capacity) for _ in range(3)] == [0.5, 0.5, 0.6]       # three calm updates per step up
+    assert [c.update(low, capacity) for _ in range(2)] == [0.6, 0.6]
+    c.update(np.array([1000.0, 1000.0, 1000.0, 1000.0, 80.0, 60.0]), capacity)    # 0.6 still fits, 0.7 would not
+    assert c.cap == 0.6 and c.calm == 0                                            # the calm spell starts again
+    assert [c.update(low, capacity) for _ in range(3)] == [0.6, 0.6, 0.7]
+
+
+def test_a_raise_needs_what_it_costs_the_others_on_its_worker():
+    from dllm_server.policy.thresholds import choose_indices
+    secs = np.array([[8.0, 7.0, 6.0, 5.0, 4.0, 3.0]] * 2)
+    spares = np.array([[False, False, True, True, True, True], [False] * 6])
+    pick = choose_indices(CANDS, secs, np.array([100.0, 100.0]), 0.95, 0.7, spares=spares)
+    assert [CANDS[j] for j in pick] == [0.8, 0.7]          # the floor always passes, even when nothing is spared
+
+
+def _policy_on_one_worker():
+    from dllm_server.config import ServerConfig
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
+    from dllm_server.policy.slo import SLOPolicy
+    config = ServerConfig(block_length=8, threshold_policy="slo", load_control=False)
+    load = WorkerLoadModel(8)
+    for n in (1, 2, 4, 8, 16, 32):                                 # 2 ms + 1 ms a row; + 4 ms with a recompute
+        load.models[0].add(features(8 * n, 40 * n), 0.002 + 0.001 * n)
+        load.models[0].add(features(8 * n, 40 * n, 40, 40 ** 2), 0.006 + 0.001 * n)
+    return SLOPolicy(config, _TauForwards(), load, clock=lambda: 0.0)
+
+
+def _request(name: str, slo_ms: float):
+    from dllm_server.decoding.params import SamplingParams
+    from dllm_server.request.state import RequestState
+    sp = SamplingParams(max_tokens=32, slo_ms=slo_ms)
+    st = RequestState(name, None, [1, 2, 3], sp, sp.resolve(8, 1), 0, (9,), 0)
+    st.arrived_at = 0.0
+    return st
+
+
+@pytest.mark.parametrize("slo_ms_of_the_other, expected", [(60_000, 0.9), (69, 0.5), (10, 0.9)])
+def test_a_loose_request_gives_up_its_raise_to_a_tight_one_beside_it(slo_ms_of_the_other, expected):
+    policy = _policy_on_one_worker()
+    other = _request("tight", slo_ms_of_the_other)
+    policy.block_policies([(other, 0)])
+    policy.where["tight"] = 0                                      # seated on the only worker
+    [loose] = policy.block_policies([(_request("loose", 60_000), 0)])
+    margin = policy.margins["tight"]
+    if slo_ms_of_the_other == 69:
+        assert 0 <= margin < 0.002                                 # it meets its SLO with 1-2 ms to spare
+    if slo_ms_of_the_other == 10:
+        assert margin < 0 and policy.is_hopeless("tight")          # it misses anyway: nothing to protect
+    assert loose.threshold == expected

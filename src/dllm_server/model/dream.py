@@ -7,7 +7,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers, residual
+from .layers import Projections, RMSNorm, embedding, Rotary, ServingLinear, fuse_layers, residual
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -76,7 +76,7 @@ class DreamModel(nn.Module):
         super().__init__()
         self.args = a
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(a.embedding_size, a.hidden)
+        self.model.embed_tokens = embedding(a.embedding_size, a.hidden)
         self.model.layers = nn.ModuleList(DreamLayer(a, self.attention) for _ in range(a.num_layers))
         self.model.norm = RMSNorm(a.hidden, a.norm_eps)
         if not a.tie_embeddings:

@@ -7,6 +7,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """A token embedding left uninitialised: the checkpoint replaces it, and its random init on the meta device goes
+    through a torch reference that imports torch._dynamo (68 MB resident in every rank; docs/parallelism.md)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -26,6 +32,10 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, max_len: int):
         super().__init__()
+        if torch.get_default_device().type == "meta":     # a model built to be loaded: the loader makes the tables
+            for name in ("cos", "sin"):                   # (torch's arange on meta imports torch._dynamo, as above)
+                self.register_buffer(name, torch.empty(max_len, head_dim), persistent=False)
+            return
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -6,7 +6,7 @@ from torch import nn
 
 from .args import ModelArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, fuse_layers, residual
+from .layers import Projections, RMSNorm, embedding, Rotary, ServingLinear, fuse_layers, residual
 
 
 def args_from_config(cfg: dict) -> ModelArgs:
@@ -53,7 +53,7 @@ class LLaDAModelLM(nn.Module):
         self.args = a
         self.model = nn.Module()
         self.model.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(a.embedding_size, a.hidden),
+            "wte": embedding(a.embedding_size, a.hidden),
             "blocks": nn.ModuleList(LLaDABlock(a) for _ in range(a.num_layers)),
             "ln_f": RMSNorm(a.hidden, a.norm_eps),
         })

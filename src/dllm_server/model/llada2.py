@@ -8,7 +8,7 @@ from torch import nn
 
 from .args import ModelArgs, MoEArgs
 from .attention import AttentionBatch, DenseBatch, LayerKV, attend
-from .layers import Projections, RMSNorm, Rotary, ServingLinear, apply_rotary, fuse_layers, residual
+from .layers import Projections, RMSNorm, embedding, Rotary, ServingLinear, apply_rotary, fuse_layers, residual
 from .moe import GatedMLP, SparseMoE
 
 BLOCK_SIZE = 32       # the released checkpoints' block (their config.json does not state it)
@@ -93,7 +93,7 @@ class LLaDA2MoeModelLM(nn.Module):
         super().__init__()
         self.args = a
         self.model = nn.Module()
-        self.model.word_embeddings = nn.Embedding(a.embedding_size, a.hidden)
+        self.model.word_embeddings = embedding(a.embedding_size, a.hidden)
         self.model.layers = nn.ModuleList(LLaDA2Layer(a, i) for i in range(a.num_layers))
         self.model.norm = RMSNorm(a.hidden, a.norm_eps)
         if not a.tie_embeddings:

@@ -35,7 +35,9 @@ class LoadController:
     candidates: tuple[float, ...]          # highest first, all >= the quality floor
     target: float = 0.9                    # use at most this share of capacity
     hysteresis: float = 0.15               # raise only below (target - hysteresis)
+    calm_updates: int = 1                  # ... and only after that many updates in a row below it
     cap_index: int = 0
+    calm: int = 0
 
     @property
     def cap(self) -> float:
@@ -52,6 +54,11 @@ class LoadController:
         if demand[i] > limit[i]:
             fits = [j for j in range(i, len(self.candidates)) if demand[j] <= limit[j]]
             self.cap_index = fits[0] if fits else len(self.candidates) - 1
+            self.calm = 0
         elif i > 0 and demand[i - 1] <= (self.target - self.hysteresis) * cap[i - 1]:
-            self.cap_index = i - 1
+            self.calm += 1
+            if self.calm >= self.calm_updates:
+                self.cap_index, self.calm = i - 1, 0
+        else:
+            self.calm = 0
         return self.cap

@@ -4,6 +4,7 @@ A request that names its own rule keeps it. The rules and their constants: docs/
 from __future__ import annotations
 
 import collections
+import heapq
 import time
 from typing import Callable
 
@@ -20,6 +21,7 @@ from ..costmodel.work_ahead import Others, queued_seconds
 from .thresholds import allowed, allowed_mask, choose_indices, forwards_per_block, remaining_seconds
 
 CONTROL_INTERVAL_S = 0.2
+RISE_AFTER_S = 5.0            # load control raises the cap only after this long calm: a bursty load lulls for seconds
 REVISE_INTERVAL_S = 0.2
 DEFAULT_HORIZON_S = 10.0      # budget assumed for load control when a request has no SLO
 ARRIVAL_WINDOWS_S = (1.0, 5.0)
@@ -54,6 +56,7 @@ class SLOPolicy(StaticPolicy):
         self.recomputes: dict[str, np.ndarray] = {}
         self.chosen: dict[str, int] = {}
         self.hopeless: set[str] = set()       # no allowed threshold predicted to meet the SLO at the last decision
+        self.margins: dict[str, float] = {}   # SLO budget left over at the last decision (s; inf without an SLO)
         self.new_work: np.ndarray | None = None
         self.blocks_per_request = 1.0
         self.block_forwards: dict[float, float] = {}
@@ -61,7 +64,8 @@ class SLOPolicy(StaticPolicy):
         self._fc = self._f = 0.0
         self.arrivals: collections.deque = collections.deque(maxlen=4096)
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
-        self.controller = LoadController(self.candidates, target=config.load_target) if config.load_control else None
+        self.controller = None if not config.load_control else LoadController(
+            self.candidates, target=config.load_target, calm_updates=round(RISE_AFTER_S / CONTROL_INTERVAL_S))
         self._controlled_at = self._revised_at = -1e9
         self._queue_version = self._revised_version = 0
         self._others_cache = None
@@ -125,7 +129,7 @@ class SLOPolicy(StaticPolicy):
                                                                       0.95 * self._f + 0.05 * f)
             self.finished += 1
         for d in (self.progress, self.states, self.where, self.decided, self.first_guess, self.online_guess,
-                  self.work, self.recomputes, self.chosen, self.first_latency):
+                  self.work, self.recomputes, self.chosen, self.first_latency, self.margins):
             d.pop(rid, None)
         self.hopeless.discard(rid)
         self._queue_version += 1
@@ -201,10 +205,10 @@ class SLOPolicy(StaticPolicy):
         causal = np.asarray([st.params.block_causal for st, _ in items])
         first = np.asarray([k == 0 for _, k in items])
         recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
-        secs, bound, alone = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
+        secs, bound, alone, spill, room = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
         scale = self.latency_scale
         pick = choose_indices(cands, scale * secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack,
-                              alone)
+                              alone, spares=scale * spill <= room[:, None])
         # hopeless only when even the worker to itself could not make it: the queue estimate errs under load
         meets = (allowed_mask(cands, self.cap, self.floor) & (bound <= np.asarray(budgets)[:, None])).any(axis=1)
         out = []
@@ -219,6 +223,7 @@ class SLOPolicy(StaticPolicy):
             if rid not in self.work:
                 self._queue_version += 1
             self.work[rid], self.recomputes[rid], self.chosen[rid] = work[i], recomputes[i], int(j)
+            self.margins[rid] = float(budgets[i] - scale * secs[i, j])
             self.states[rid] = st
             if starting[i] and k == 0 and rid not in self.first_guess:
                 self.arrivals.append(now)
@@ -236,7 +241,9 @@ class SLOPolicy(StaticPolicy):
 
     def _seconds(self, items, work, recomputes, block_rem, fut, fut_blocks) -> tuple[np.ndarray, ...]:
         """[R, C] predicted remaining latency with the work ahead on the request's worker (the best one if unplaced),
-        [R, C] the same with the worker to itself (a lower bound), and [R] whether it would have it to itself."""
+        [R, C] the same with the worker to itself (a lower bound), [R] whether it would have it to itself, [R, C] the
+        seconds its forwards above the floor's add to the others there, and [R] the least SLO budget those others
+        have left over (inf: none with an SLO it meets)."""
         units = {w: u for w in sorted(self.load.models) if (u := self.load.unit_costs(w)) is not None}
         workers = list(units)
         new = {st.request_id for st, _ in items if st.request_id not in self.work}    # admissions in this call
@@ -250,10 +257,13 @@ class SLOPolicy(StaticPolicy):
             t_wait = np.asarray([c[1] for c in costs])[:, None]
             alone = np.asarray([solo(st.request_id) and all(r == st.request_id for r in self.work) for st, _ in items])
             secs = remaining_seconds(block_rem, fut, fut_blocks, t_iter, t_wait)
-            return secs, secs, alone
+            return secs, secs, alone, np.zeros_like(secs), np.full(len(items), np.inf)
         others = self._others(workers)
-        secs, bound = np.empty_like(work), np.empty_like(work)
+        secs, bound, spill = np.empty_like(work), np.empty_like(work), np.empty_like(work)
         alone = np.zeros(len(items), dtype=bool)
+        room = np.full(len(items), np.inf)
+        at_floor = len(self.candidates) - 1 - int(np.argmax(allowed_mask(self.candidates, self.cap, self.floor)[::-1]))
+        lows = self._least_margins(workers)
         nobody = Others.empty()
         # a burst decided in one call: each new request sees those before it at the cap's work, 1/W on each worker
         at_cap = int(np.argmin(np.abs(np.asarray(self.candidates) - self.cap)))
@@ -271,12 +281,22 @@ class SLOPolicy(StaticPolicy):
             ahead = {o: others[o].plus(peers, 1.0 / len(workers)) for o in options} if peers else others
             per = [queued_seconds(work[i], recomputes[i], canvas, ahead[o], units[o], own) for o in options]
             secs[i] = np.min(per, axis=0)
+            o = options[int(np.argmin([p[at_floor] for p in per]))]
+            spill[i] = units[o].row_s(np.asarray(canvas)) * np.maximum(work[i] - work[i, at_floor], 0.0)
+            room[i] = next((m for m, r in lows.get(o, ()) if r != rid), np.inf)
             bound[i] = np.min([queued_seconds(work[i], recomputes[i], canvas, nobody, units[o]) for o in options],
                               axis=0)
             alone[i] = solo(rid) and any(others[o].weight.sum() - (own[2] if own else 0.0) < 1e-9 for o in options)
             if rid not in self.work:
                 peers.append((float(work[i, at_cap]), float(recomputes[i, at_cap]), canvas))
-        return secs, bound, alone
+        return secs, bound, alone, spill, room
+
+    def _least_margins(self, workers: list[int]) -> dict[int, list[tuple[float, str]]]:
+        """Per worker, the two least budgets left over (with their requests) among those there or not yet routed
+        that are predicted to meet their SLO: a raise that costs them more makes one of them miss."""
+        ok = [(m, r) for r, m in self.margins.items() if 0 <= m < np.inf]
+        unrouted = heapq.nsmallest(2, [(m, r) for m, r in ok if self.where.get(r) is None])
+        return {w: heapq.nsmallest(2, unrouted + [(m, r) for m, r in ok if self.where.get(r) == w]) for w in workers}
 
     def _others(self, workers: list[int]) -> dict[int, Others]:
         """Live requests' remaining work per worker (an unplaced one: 1/W on each). Cached until the live set changes

@@ -41,10 +41,11 @@ def allowed_mask(candidates: tuple[float, ...], cap: float, floor: float) -> np.
 
 def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s: np.ndarray, cap: float,
                    floor: float, default: float | None = None, slack: float = 0.0,
-                   alone: np.ndarray | None = None) -> np.ndarray:
+                   alone: np.ndarray | None = None, spares: np.ndarray | None = None) -> np.ndarray:
     """Per request, the index of the highest allowed candidate whose seconds [R, C] fit budgets_s [R] (inf: no SLO),
     else of the lowest allowed. One above `default` must fit with `slack` of the budget to spare, never while load
-    control caps, and only for a request `alone` [R] on its worker: the queueing estimate errs most in a burst."""
+    control caps, and only for a request `alone` [R] on its worker: the queueing estimate errs most in a burst. `spares`
+    [R, C]: whether the others on its worker can afford a candidate's forwards; the floor and below always pass."""
     ok = allowed_mask(candidates, cap, floor)
     budgets = np.asarray(budgets_s, dtype=float)[:, None]
     fits = ok & (seconds <= budgets)
@@ -55,6 +56,8 @@ def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s
         if alone is not None:
             luxury &= np.asarray(alone, dtype=bool)[:, None]
         fits &= ~above | luxury
+    if spares is not None:
+        fits &= spares | (np.asarray(candidates) <= floor)[None, :]
     lowest_ok = len(candidates) - 1 - int(np.argmax(ok[::-1]))
     return np.where(fits.any(axis=1), np.argmax(fits, axis=1), lowest_ok)
 
