@@ -18,7 +18,8 @@ from .load_control import LoadController, arrival_rate, demand_rate
 from ..costmodel.worker_speed import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
 from ..costmodel.work_ahead import Others, queued_seconds
-from .thresholds import allowed, allowed_mask, choose_indices, forwards_per_block, remaining_seconds
+from .thresholds import (allowed, allowed_mask, choose_indices, forwards_per_block, lowest_allowed,
+                         remaining_seconds)
 
 CONTROL_INTERVAL_S = 0.2
 RISE_AFTER_S = 5.0            # load control raises the cap only after this long calm: a bursty load lulls for seconds
@@ -262,7 +263,7 @@ class SLOPolicy(StaticPolicy):
         secs, bound, spill = np.empty_like(work), np.empty_like(work), np.empty_like(work)
         alone = np.zeros(len(items), dtype=bool)
         room = np.full(len(items), np.inf)
-        at_floor = len(self.candidates) - 1 - int(np.argmax(allowed_mask(self.candidates, self.cap, self.floor)[::-1]))
+        at_floor = lowest_allowed(self.candidates, self.cap, self.floor)
         lows = self._least_margins(workers)
         nobody = Others.empty()
         # a burst decided in one call: each new request sees those before it at the cap's work, 1/W on each worker

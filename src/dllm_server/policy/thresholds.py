@@ -39,6 +39,11 @@ def allowed_mask(candidates: tuple[float, ...], cap: float, floor: float) -> np.
     return np.asarray([c in ok for c in candidates])
 
 
+def lowest_allowed(candidates: tuple[float, ...], cap: float, floor: float) -> int:
+    """Index of the lowest allowed candidate (candidates highest first)."""
+    return len(candidates) - 1 - int(np.argmax(allowed_mask(candidates, cap, floor)[::-1]))
+
+
 def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s: np.ndarray, cap: float,
                    floor: float, default: float | None = None, slack: float = 0.0,
                    alone: np.ndarray | None = None, spares: np.ndarray | None = None) -> np.ndarray:
@@ -58,8 +63,7 @@ def choose_indices(candidates: tuple[float, ...], seconds: np.ndarray, budgets_s
         fits &= ~above | luxury
     if spares is not None:
         fits &= spares | (np.asarray(candidates) <= floor)[None, :]
-    lowest_ok = len(candidates) - 1 - int(np.argmax(ok[::-1]))
-    return np.where(fits.any(axis=1), np.argmax(fits, axis=1), lowest_ok)
+    return np.where(fits.any(axis=1), np.argmax(fits, axis=1), lowest_allowed(candidates, cap, floor))
 
 
 def choose_threshold(candidates: tuple[float, ...], predicted_s: dict[float, float], budget_s: float | None,
