@@ -1,5 +1,6 @@
-"""SIMULATED: static layouts against ILP reconfiguration on 16 H100-class devices, LLaDA-8B, under the
-trace, SLOs and policy of bench/sim_reconfig_static.py; per load phase: SLO attainment, threshold, p99.
+"""SIMULATED: static layouts against reconfiguration (--planner attainment or ilp) on 16 H100-class devices,
+LLaDA-8B, under the trace, SLOs and policy of bench/sim_reconfig_static.py; per load phase: SLO attainment,
+threshold, p99.
 
     python -m bench.sim_reconfig [--slo-k 3] [--phase-s 120] [--period-s 30] [--json out.json]
 """
@@ -75,6 +76,8 @@ def main() -> None:
     ap.add_argument("--slo-k", type=float, default=3.0, help="SLO = k x the unloaded TP4 latency at 0.95")
     ap.add_argument("--reference-rate", type=float, default=REFERENCE_RATE, help="req/s the scales multiply")
     ap.add_argument("--start", type=int, default=2, help="the reconfiguring run's first layout: devices // d x TPd")
+    ap.add_argument("--static", default="1,2,4", help="the static layouts run beside it (devices // d x TPd)")
+    ap.add_argument("--planner", default="attainment", choices=("attainment", "ilp"), help="--reconfigure-planner")
     ap.add_argument("--json", help="write every figure and planner decision here")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -88,7 +91,8 @@ def main() -> None:
     requests, phases, phase_of = burst_requests(a.reference_rate, scales, a.phase_s, a.shape, a.slo_k, cost_for(4),
                                                 a.seed)
     counts = [phase_of.count(k) for k in range(len(phases))]
-    config = base_config(reconfigure_period_s=a.period_s)
+    config = base_config(reconfigure_period_s=a.period_s, reconfigure_restart_s=a.restart_s,
+                         reconfigure_planner=a.planner)
     print(f"SIMULATED (roofline cost model, parametric behaviour; no GPU ran): {MODEL} on {a.devices} x h100, "
           f"BurstGPT-like trace (synthetic, loadgen/burst.py): {len(phases)} phases x {a.phase_s:g} s at "
           f"{', '.join(f'{s:g}x' for s in scales)} of {a.reference_rate:.2f} req/s = "
@@ -96,13 +100,14 @@ def main() -> None:
           f"({', '.join(map(str, counts))} per phase); SLO = {a.slo_k:g} x unloaded TP4 latency at 0.95 (median "
           f"{statistics.median(r.slo_ms for r in requests) / 1e3:.2f} s); threshold_policy slo, ladder {LADDER}, "
           f"floor 0.7, load control on, routing completion, tau 1024, block {BLOCK}, seed {a.seed}. Reconfiguration: "
-          f"starts as {layout_name(layout_degrees({a.start: a.devices // a.start}))}, planner every {a.period_s:g} s "
+          f"starts as {layout_name(layout_degrees({a.start: a.devices // a.start}))}, {a.planner} planner every "
+          f"{a.period_s:g} s "
           f"(min gain {config.reconfigure_min_gain:g}, waves of <= {config.reconfigure_wave_share:g} of the devices, "
           f"prior serial share {config.reconfigure_prior_serial_share:g}), ASSUMED restart {a.restart_s:g} s per "
           f"regrouped instance\n")
     runs = [(layout_name(layout_degrees({d: a.devices // d})), layout_degrees({d: a.devices // d}), False)
-            for d in (1, 2, 4)]
-    runs.append(("ILP reconfiguration", layout_degrees({a.start: a.devices // a.start}), True))
+            for d in (int(x) for x in a.static.split(",") if x)]
+    runs.append((f"{a.planner} reconfiguration", layout_degrees({a.start: a.devices // a.start}), True))
     out = []
     for name, degrees, reconf in runs:
         res, rc, cpu = run(requests, degrees, cost_for, config, a.seed, reconf, a.restart_s)

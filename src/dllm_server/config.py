@@ -110,8 +110,7 @@ class DecodeConfig(_Section):
     slo_thresholds: str = _f("0.95,0.9,0.8,0.7,0.6,0.5", "candidate thresholds of the slo policy, comma-separated")
     default_slo_ms: float | None = _f(None, "SLO of a request that gives no slo_ms; none: such a request decodes at "
                                       "the highest threshold load control allows", gt=0.0)
-    quality_floor: float = _f(0.5, "the lowest threshold the slo policy and its load control may choose",
-    ge=0.0, le=1.0)
+    quality_floor: float = _f(0.5, "the lowest threshold the slo policy and load control may choose", ge=0.0, le=1.0)
     slo_raise_slack: float = _f(0.3, "slo policy: a threshold above --threshold only when its predicted latency "
                                 "leaves this share of the request's remaining SLO budget unused, for a request alone on "
                                 "its worker, never while load control caps thresholds (docs/slo.md)", ge=0.0, lt=1.0)
@@ -173,21 +172,22 @@ class ClusterConfig(_Section):
                                      "possible; SPREAD / STRICT_SPREAD: over nodes, e.g. prefill and decode apart)",
                                      choices=("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"))
     ray_namespace: str = _f("dllm-server", "ray only: the Ray namespace of this server's actors")
-    reconfigure: bool = _f(False, "regroup the devices into instances of other tensor-parallel degrees while "
-                           "serving, by DiLaServe's two-stage ILP every reconfigure_period_s (colocated, mp backend, "
-                           "slo policy; docs/reconfiguration.md)")
+    reconfigure: bool = _f(False, "regroup the devices into instances of other TP degrees while serving, planned "
+                           "every reconfigure_period_s (colocated, mp backend, slo policy; docs/reconfiguration.md)")
+    reconfigure_planner: str = _f("attainment", "attainment: the layout its model predicts meets the most SLOs; ilp: "
+                                  "DiLaServe's capacity MILP at one SLO", choices=("attainment", "ilp"))
     reconfigure_period_s: float = _f(60.0, "how often the reconfiguration planner decides (bursts shorter than "
                                      "this are load control's)", gt=0.0)
-    reconfigure_min_gain: float = _f(0.02, "the least gain in mean threshold a regroup must bring (hysteresis)",
-    ge=0.0, lt=1.0)
-    reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out of service at "
-                                       "once: it runs in waves, the next draining when the previous wave's new "
-                                       "instances serve (an instance that must be formed whole may exceed it; 1: "
-                                       "all at once)", gt=0.0, le=1.0)
+    reconfigure_min_gain: float = _f(0.02, "the least gain a regroup must bring (hysteresis): in SLO attainment "
+                                     "after the restart's price (attainment), in mean threshold (ilp)", ge=0.0, lt=1.0)
+    reconfigure_restart_s: float = _f(30.0, "seconds a regroup keeps a wave's devices out, until one is measured "
+                                      "(the attainment planner's restart price)", gt=0.0)
+    reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out at once: waves, "
+                                       "each draining when the last one's instances serve (an instance formed "
+                                       "whole may exceed it; 1: all at once)", gt=0.0, le=1.0)
     reconfigure_prior_serial_share: float = _f(0.4, "the planner's prior for a degree no instance has run: the "
-                                               "share s of a degree-1 step that tensor parallelism does not "
-                                               "shorten, speed-up 1 / (s + (1 - s) / d) (docs/reconfiguration.md; "
-                                               "0: the linear 1/d)", ge=0.0, lt=1.0)
+                                               "share s of a step TP does not shorten, speed-up 1 / (s + (1 - s) / "
+                                               "d) (0: the linear 1/d)", ge=0.0, lt=1.0)
     threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers", ge=1)
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
     worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "

@@ -126,7 +126,7 @@ def test_the_planner_keeps_a_steady_load_and_regroups_when_it_pays(tiny_llada):
     from dllm_server.policy.slo import SLOPolicy
     from dllm_server.costmodel.step_time import features
     config = ServerConfig(model=tiny_llada, threshold_policy="slo", reconfigure=True, block_length=8,
-                          reconfigure_period_s=10.0)
+                          reconfigure_period_s=10.0, reconfigure_planner="ilp")
     load = WorkerLoadModel(8)
     for w in (0, 1):
         for n in (1, 2, 4, 8, 16):
@@ -143,3 +143,42 @@ def test_the_planner_keeps_a_steady_load_and_regroups_when_it_pays(tiny_llada):
     policy.budgets.extend([0.06] * 8)                                # 20+ forwards at ~3 ms: only a faster
     degrees = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, [now + 19.5], now + 20, state)   # instance fits
     assert degrees == [2], state.last
+
+
+def test_the_attainment_planner_keeps_its_best_layout_and_regroups_under_overload(tiny_llada):
+    """decide() with the attainment planner on a real SLOPolicy's SLO classes and a WorkerLoadModel fitted to a
+    linear step time on one TP2 instance (TP1 priced by the prior): a light steady load keeps the one fast
+    instance; a load it cannot serve regroups into two TP1 instances, once, and not again within a period."""
+    import numpy as np
+    from dllm_server.cluster.planner import PlannerState, decide
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
+    from dllm_server.policy.predictor import SimpleEstimator
+    from dllm_server.policy.slo import SLOPolicy
+    from dllm_server.costmodel.step_time import features
+    config = ServerConfig(model=tiny_llada, threshold_policy="slo", reconfigure=True, block_length=8,
+                          reconfigure_period_s=10.0, reconfigure_restart_s=2.0, token_budget=None)
+    assert config.reconfigure_planner == "attainment"
+    load = WorkerLoadModel(8)
+    for n in (1, 2, 4, 8, 16):                                     # 2 ms + 1 ms a row; a recompute adds 2 ms
+        load.models[0].add(features(8 * n, 100 * n), 0.002 + 0.001 * n)
+        load.models[0].add(features(8 * n, 100 * n, 100, 100 ** 2), 0.004 + 0.001 * n)
+    policy = SLOPolicy(config, SimpleEstimator(), load)
+    policy.new_work = np.array([40.0, 36.0, 30.0, 26.0, 22.0, 20.0])
+    policy.classes.extend([(1.0, policy.new_work, 4.0, 100)] * 32)   # 1-s SLOs, 4 blocks, a 100-token canvas
+    state, now = PlannerState(), 100.0
+
+    def rate(r, t):
+        return [t - 10 + k / r for k in range(int(10 * r))]
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, rate(2, now), now, state) is None, state.last
+    assert "the best layout is the current one" in state.last["why"]
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, rate(2, now + 10), now + 10, state) is None
+    # two TP1 instances would answer sooner at 30 req/s, both meeting every SLO: not worth the one instance's restart
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, rate(30, now + 20), now + 20, state) is None
+    assert state.last["target"] == [1, 1] and state.last["target_tail_s"] < state.last["current_tail_s"]
+    assert state.last["price"] > 0.005 and "restart price" in state.last["why"]
+    heavy = rate(40, now + 30)                                     # beyond one TP2 instance, within two TP1
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, heavy, now + 30, state) == [1, 1], state.last
+    last = state.last
+    assert last["target_attainment"] > last["current_attainment"] + config.reconfigure_min_gain + last["price"]
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, heavy, now + 35, state) is None   # within a period
+    assert "< one period" in state.last["why"]

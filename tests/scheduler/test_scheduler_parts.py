@@ -266,6 +266,47 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
     assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]
 
 
+def test_routing_ties_go_to_the_worker_running_fewest_requests():
+    from dllm_server.scheduler.placement import WorkerLoad, pick_by_completion, pick_prefill_worker
+    # no prefill queued anywhere (every idle worker reads 0): the fewest running requests, not the lowest id
+    loads = [WorkerLoad(w, "colocated", 0, 64, 64, True, active) for w, active in enumerate((2, 0, 1))]
+    assert pick_prefill_worker(loads, "colocated", 4, 0) == 1
+    # predicted completions within 5 % are a tie, broken the same way; a real difference still decides
+    assert pick_by_completion(loads, {0: 0.100, 1: 0.104, 2: 0.2}, pages_needed=4) == 1
+    assert pick_by_completion(loads, {0: 0.100, 1: 0.106, 2: 0.2}, pages_needed=4) == 0
+
+
+def test_completion_estimates_price_the_next_block_not_the_last_iteration():
+    from dllm_server.config import WorkerPolicy
+    from dllm_server.costmodel.step_time import features
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
+    from dllm_server.messages import LoadReport
+    load = WorkerLoadModel(8)
+    for w in (0, 1, 2):                                  # 2 ms + 1 ms a row; a 100-token recompute adds 10 ms
+        for n in (1, 2, 4, 8):
+            load.models[w].add(features(8 * n, 100 * n), 0.002 + 0.001 * n)
+            load.models[w].add(features(8 * n, 100 * n, 100, 100 ** 2), 0.012 + 0.001 * n)
+    pol = WorkerPolicy(256, 64, 0.125)
+
+    def report(w, active, prefill_tokens, outstanding=0):
+        rows = max(1, active)
+        return LoadReport(w, outstanding, active, 64, 0, 8 * rows + prefill_tokens, 5, 0.01, 0.01, prefill_tokens,
+                          int(prefill_tokens > 0), pol, 100 * rows, prefill_tokens ** 2)
+    load.observe(0, report(0, 0, 100))                   # idle, its last iteration ran a re-prefill
+    load.observe(1, report(1, 0, 0))                     # idle
+    load.observe(2, report(2, 4, 0))                     # four requests running
+    st = request("x").state
+    st.stats.steps_per_block = [4]                       # four forwards a block
+    est = load.completion_estimates(range(3), st)
+    assert est[0] == pytest.approx(est[1])               # a one-off re-prefill is not every forward's cost
+    # four running requests each re-prefill once in four forwards: every forward carries one, on top of their rows
+    rows_alone = 4 * load.iteration_s(2, extra_rows=1, extra_keys=27, decode_only=True)
+    assert est[2] > 1.2 * rows_alone and rows_alone > est[1]
+    # the front's own count of prefill tokens sent since the report replaces the report's
+    queued = load.completion_estimates(range(3), st, {1: 512})
+    assert queued[1] > est[1] and queued[0] == pytest.approx(est[0])
+
+
 def test_deadline_scheduling_sends_each_block_its_place_in_line_and_moves_a_late_one_back():
     s, sent, clock = make(["colocated"], scheduling_policy="deadline", default_deadline_s=30.0)
     tight, free = request("tight", slo_ms=2000.0), request("free", seq=1)

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import tp_degree_error
+from .attainment import Demand, InstanceModel, Prediction, layouts, predict, window_rates
 from .capacity_table import capacity_table, from_step_time_model
-from .layout_ilp import evaluate_layout, forecast_rate, plan_capacity, should_regroup
+from .layout_ilp import describe_counts, evaluate_layout, forecast_rate, plan_capacity, should_regroup
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class PlannerState:
     regroups: int = 0
     last: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # degree -> latest fitted model, so a degree that ran keeps its own
+    out_s: float | None = None                    # seconds a wave kept its devices out in the last regroup
 
 
 def tp_speedup(degree: int, serial_share: float) -> float:
@@ -78,6 +80,8 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
     if models is None or new_work is None or not arrivals:
         state.last = {"regroup": False, "why": "no measured instance, admitted request or arrival yet"}
         return None
+    if config.reconfigure_planner == "attainment":
+        return _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state)
     rate = forecast_rate(arrivals, now, config.reconfigure_period_s)
     # the mean SLO pairs with the mean request's forwards; a median would undercount length-scaled SLOs
     slo_s = float(np.mean(policy.budgets)) if policy.budgets else (config.default_slo_ms or 10_000.0) / 1e3
@@ -108,6 +112,87 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
              rate, slo_s, state.last["current"], current.mean_threshold, layout, target.mean_threshold,
              "regroup" if go else "keep", why)
     if not go or sorted(layout) == sorted(instances.values()):
+        return None
+    state.last_change_s = now
+    state.regroups += 1
+    return layout
+
+
+HORIZON_PERIODS = 3     # a regroup's restart is priced against this many periods of the layout it brings
+
+
+def sample_demand(policy, arrivals: list[float], now: float, period_s: float) -> Demand | None:
+    """The SLO policy's recent admissions as SLO classes, and the last period's bursts; None before any."""
+    classes = list(getattr(policy, "classes", ()))
+    if not classes:
+        return None
+    blocks = np.maximum(1.0, np.array([c[2] for c in classes]))
+    t = np.asarray(arrivals, dtype=float)
+    gaps = np.diff(t[t > now - period_s])
+    cv2 = float(gaps.var() / gaps.mean() ** 2) if len(gaps) > 2 and gaps.mean() > 0 else 1.0
+    return Demand(budgets_s=np.array([c[0] for c in classes]),
+                  forwards=np.maximum(np.stack([c[1] for c in classes]), blocks[:, None]), blocks=blocks,
+                  canvases=np.array([c[3] for c in classes], dtype=float), thresholds=tuple(policy.candidates),
+                  window_rates=window_rates(t, now, period_s), arrival_cv2=cv2)
+
+
+def rank(p: Prediction) -> tuple:
+    """Attainment to half a point, then the shorter tail (at light load every layout meets every SLO)."""
+    return round(p.attainment * 200), -p.tail_s
+
+
+def _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state):
+    """The layout the attainment model ranks first, if its gain over the current one pays for the restart."""
+    period = config.reconfigure_period_s
+    demand = sample_demand(policy, arrivals, now, period)
+    if demand is None:
+        state.last = {"regroup": False, "why": "no request with an SLO admitted yet"}
+        return None
+    iteration_s = from_step_time_model(models, config.block_length)
+    floor = len(demand.thresholds) - 1
+    row_tokens = config.block_length if config.cache == "dual" else int(demand.canvases.mean())
+    inst = {d: InstanceModel(iteration_s, d, config.max_active_decodes, demand, floor, token_budget=config.token_budget,
+                             credit_share=config.credit_share, row_tokens=row_tokens) for d in degrees}
+    current_counts = {d: n for d in degrees if (n := sum(1 for v in instances.values() if v == d))}
+    current = predict(current_counts, inst, demand, config.load_target)
+    scored = [(predict(lay, inst, demand, config.load_target), lay) for lay in layouts(num_devices, degrees)]
+    best, target = max(scored, key=lambda pl: rank(pl[0]))
+    # the restart's price: while a wave is out the rest serve the load, for each wave's restart, over the horizon
+    moved = {d: max(0, n - target.get(d, 0)) for d, n in current_counts.items()}
+    wave_devices = max(1, int(config.reconfigure_wave_share * num_devices))
+    moved_devices = sum(d * n for d, n in moved.items())
+    waves = -(-moved_devices // wave_devices)
+    degraded = dict(current_counts)
+    left = wave_devices
+    for d in sorted(moved, reverse=True):
+        take = min(moved[d], left // d if left < wave_devices else max(1, left // d))   # a whole instance at least
+        degraded[d] -= take
+        left -= take * d
+    out_s = state.out_s if state.out_s is not None else config.reconfigure_restart_s
+    during = predict(degraded, inst, demand, config.load_target) if moved_devices else current
+    price = max(0.0, current.attainment - during.attainment) * waves * out_s / (HORIZON_PERIODS * period)
+    gain = best.attainment - current.attainment
+    since = None if state.last_change_s is None else now - state.last_change_s
+    if target == current_counts or not moved_devices:
+        go, why = False, f"the best layout is the current one ({describe_counts(current_counts)})"
+    elif since is not None and since < period:
+        go, why = False, f"the last change was {since:.3g} s ago (< one period, {period:g} s)"
+    elif gain - price >= config.reconfigure_min_gain:
+        go, why = True, f"attainment gain {gain:+.3f} - restart price {price:.3f} >= {config.reconfigure_min_gain:g}"
+    elif abs(gain) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
+        go, why = True, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s"
+    else:
+        go, why = False, f"attainment gain {gain:+.3f} - restart price {price:.3f} < {config.reconfigure_min_gain:g}"
+    layout = sorted((d for d, n in target.items() for _ in range(n)), reverse=True)
+    state.last = {"regroup": go, "why": why, "rate": float(np.mean(demand.window_rates)),
+                  "target": layout, "current": sorted(instances.values(), reverse=True),
+                  "current_attainment": current.attainment, "target_attainment": best.attainment,
+                  "current_tail_s": current.tail_s, "target_tail_s": best.tail_s, "price": price,
+                  "current_mean_threshold": current.mean_threshold, "target_mean_threshold": best.mean_threshold}
+    log.info("planner: %.2f req/s: current %s (attainment %.3f, p90 %.2f s) vs best %s (%.3f, %.2f s): %s (%s)",
+             state.last["rate"], describe_counts(current_counts), current.attainment, current.tail_s,
+             describe_counts(target), best.attainment, best.tail_s, "regroup" if go else "keep", why)
+    if not go:
         return None
     state.last_change_s = now
     state.regroups += 1

@@ -245,6 +245,7 @@ class Reconfigurer:
         rec.idle_gpu_s = sum(self.ready_at[w] - freed.get(g, rg.started_at) for w, devs in rg.start.items()
                              for g in devs) + sum(now - t for g, t in freed.items() if g not in used)
         rec.waves, rec.done_s, rec.blocks_evicted, rec.result = len(rg.waves), now, result["blocks_evicted"], result
+        self.state.out_s = (now - rec.began_s) / max(1, rec.waves)       # the planner's next restart price
         self.records.append(rec)
         self.layouts.append((now, self.layout.degrees()))
         self.active = self.record = None

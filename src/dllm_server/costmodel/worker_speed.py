@@ -45,23 +45,28 @@ class WorkerLoadModel:
         if report.forward_s > 0 and (prev is None or report.num_iterations > prev.num_iterations):
             self.models[worker_id].add_report(report)
 
-    def iteration_s(self, w: int, extra_rows: int = 0, extra_keys: int = 0) -> float:
+    def iteration_s(self, w: int, extra_rows: int = 0, extra_keys: int = 0, decode_only: bool = False) -> float:
+        """One iteration on `w` as its latest report ran it, with `extra_rows` more; `decode_only` leaves out that
+        iteration's prefills (a one-off re-prefill priced into every forward of the next block made the workers
+        that last ran one look up to 10x slower to routing)."""
         m, r = self.models[w], self.reports.get(w)
         if r is None:
             return m.predict(features(self.block_length * max(1, extra_rows), max(256, extra_keys)))
-        x = report_features(r)
+        x = report_features(r) if not decode_only else features(r.iteration_tokens - r.prefill_tokens, r.decode_keys)
         x[1] += extra_rows * self.block_length
         x[2] += extra_keys / 1e3
         return m.predict(x) or r.iteration_s
 
-    def reprefill_wait_s(self, w: int) -> float:
-        """How long a re-prefill queued there now waits: the prefill tokens ahead over the budget per iteration."""
+    def reprefill_wait_s(self, w: int, outstanding_tokens: int | None = None) -> float:
+        """How long a re-prefill queued there now waits: the prefill tokens ahead (the report's, or the front's own
+        count when given, which already holds what was sent since the report) over the budget per iteration."""
         r = self.reports.get(w)
         if r is None or r.policy is None or r.policy.token_budget is None:
             return 0.0
         pol = r.policy
         allowance = max(pol.token_budget - (r.iteration_tokens - r.prefill_tokens), pol.token_budget * pol.credit_share)
-        return self.iteration_s(w) * r.outstanding_prefill_tokens / max(1.0, allowance)
+        ahead = r.outstanding_prefill_tokens if outstanding_tokens is None else outstanding_tokens
+        return self.iteration_s(w) * ahead / max(1.0, allowance)
 
     def costs(self, worker: int | None) -> tuple[float, float]:
         """(s per iteration, s a re-prefill waits) on `worker`, or on the best worker when it has none yet."""
@@ -73,15 +78,27 @@ class WorkerLoadModel:
                 best = (t, wait)
         return best if best is not None else (0.0, 0.0)
 
-    def completion_s(self, w: int, canvas_len: int, block_forwards: float) -> float:
-        return self.reprefill_wait_s(w) + block_forwards * self.iteration_s(w, extra_rows=1, extra_keys=canvas_len)
+    def completion_s(self, w: int, canvas_len: int, block_forwards: float,
+                     outstanding_tokens: int | None = None) -> float:
+        t = self.iteration_s(w, extra_rows=1, extra_keys=canvas_len, decode_only=True)
+        r = self.reports.get(w)
+        active = r.num_active_decodes if r is not None else 0
+        if active and block_forwards > 0:
+            # the requests running there re-prefill once a block each: that share of its iterations carries one
+            share = min(1.0, active / block_forwards)
+            x = features((r.iteration_tokens - r.prefill_tokens) + self.block_length, r.decode_keys + canvas_len,
+                         canvas_len, canvas_len * canvas_len)
+            t = (1 - share) * t + share * max(t, self.models[w].predict(x))
+        return self.reprefill_wait_s(w, outstanding_tokens) + block_forwards * t
 
-    def completion_estimates(self, workers, state) -> dict[int, float]:
-        """completion_s of the next block per worker; forwards from its finished blocks (half a block at first)."""
+    def completion_estimates(self, workers, state, outstanding: dict[int, int] | None = None) -> dict[int, float]:
+        """completion_s of the next block per worker; forwards from its finished blocks (half a block at first).
+        `outstanding`: the front's prefill tokens per worker, current where the reports are up to a period old (a
+        burst routed on reports alone all goes to the worker that last reported least)."""
         done = state.stats.steps_per_block
         forwards = sum(done) / len(done) if done else state.params.block_length / 2
         canvas = state.prompt_len + state.answer_len
-        return {w: self.completion_s(w, canvas, forwards) for w in workers}
+        return {w: self.completion_s(w, canvas, forwards, (outstanding or {}).get(w)) for w in workers}
 
     def unit_costs(self, w: int) -> UnitCosts | None:
         """`w`'s UnitCosts from its step-time model; None before it has one."""

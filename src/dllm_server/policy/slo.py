@@ -65,6 +65,8 @@ class SLOPolicy(StaticPolicy):
         self._fc = self._f = 0.0
         self.arrivals: collections.deque = collections.deque(maxlen=4096)
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
+        # recent admissions as SLO classes for the cluster planner: (budget s, forwards per candidate, blocks, canvas)
+        self.classes: collections.deque = collections.deque(maxlen=256)
         self.controller = None if not config.load_control else LoadController(
             self.candidates, target=config.load_target, calm_updates=round(RISE_AFTER_S / CONTROL_INTERVAL_S))
         self._controlled_at = self._revised_at = -1e9
@@ -231,6 +233,8 @@ class SLOPolicy(StaticPolicy):
                 self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
                 if np.isfinite(budgets[i]):
                     self.budgets.append(budgets[i])
+                    self.classes.append((budgets[i], work[i].copy(), float(recomputes[i].max()),
+                                         st.prompt_len + st.answer_len))
             remaining = float(work[i, j])
             if rid not in self.first_guess:
                 self.first_guess[rid] = p.forwards + remaining

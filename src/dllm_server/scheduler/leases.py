@@ -24,10 +24,12 @@ class Leases:
         self.load, self.policy, self.send, self.ordered = load, policy, send, ordered
         self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block)
 
-    def completion(self, entry: Entry) -> dict[int, float] | None:
+    def completion(self, entry: Entry, loads: list[WorkerLoad] | None = None) -> dict[int, float] | None:
         """Predicted completion of the next block per worker (routing = completion)."""
         if self.by_completion:
-            return self.load.completion_estimates(range(len(self.workers)), entry.state)
+            loads = loads or self.workers.loads()
+            return self.load.completion_estimates(range(len(self.workers)), entry.state,
+                                                  {w.worker_id: w.outstanding_prefill_tokens for w in loads})
         return None
 
     def keeps(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
@@ -39,7 +41,7 @@ class Leases:
             return True
         loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
         return keeps_request(loads, self.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
-                             self.completion(entry))
+                             self.completion(entry, loads))
 
     def lease(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> BlockPolicy | None:
         st = entry.state

@@ -13,12 +13,13 @@ class WorkerLoad:
     free_pages: int                    # reported free pages minus pending reservations
     num_pages: int
     available: bool
+    active_decodes: int = 0            # in its latest report: the tie-break (all idle read 0 prefill tokens)
 
 
 def _least_outstanding(cands: list[WorkerLoad]) -> int | None:
     if not cands:
         return None
-    return min(cands, key=lambda w: (w.outstanding_prefill_tokens, w.worker_id)).worker_id
+    return min(cands, key=lambda w: (w.outstanding_prefill_tokens, w.active_decodes, w.worker_id)).worker_id
 
 
 def pick_prefill_worker(loads: list[WorkerLoad], placement: str, pages_needed: int,
@@ -52,10 +53,19 @@ def worker_roles(placement: str, num_workers: int, num_prefill_workers: int) -> 
     return ["prefill"] * num_prefill_workers + ["decode"] * num_workers
 
 
+# Predicted completions this close count as equal: a step-time model prices a memory-bound decode at batch 1 and 2
+# alike, so on its estimate alone a burst herds onto one worker (docs/reconfiguration.md "Routing").
+COMPLETION_TIE = 0.05
+
+
 def pick_by_completion(loads: list[WorkerLoad], completion_s: dict[int, float], pages_needed: int) -> int | None:
-    """DiLaServe's instance selection: the earliest predicted completion among workers that could hold the canvas."""
+    """DiLaServe's instance selection: the earliest predicted completion among workers that could hold the canvas,
+    near-ties (within COMPLETION_TIE) to the least loaded."""
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed and w.worker_id in completion_s]
-    return min(fit, key=lambda w: (completion_s[w.worker_id], w.worker_id)).worker_id if fit else None
+    if not fit:
+        return None
+    best = min(completion_s[w.worker_id] for w in fit)
+    return _least_outstanding([w for w in fit if completion_s[w.worker_id] <= best * (1 + COMPLETION_TIE)])
 
 
 def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int,
@@ -69,5 +79,6 @@ def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_n
     if here is None:
         return False
     if completion_s is not None:
-        return all(completion_s[current] <= completion_s.get(w.worker_id, float("inf")) for w in fit)
+        return all(completion_s[current] <= (1 + COMPLETION_TIE) * completion_s.get(w.worker_id, float("inf"))
+                   for w in fit)
     return all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)

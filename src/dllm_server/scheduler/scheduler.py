@@ -153,7 +153,7 @@ class Scheduler:
             loads = [dataclasses.replace(w, role="colocated") for w in loads]
             wid = pick_prefill_worker(loads, "colocated", pages, 0)
         else:
-            est = self.leases.completion(entry)
+            est = self.leases.completion(entry, loads)
             wid = pick_by_completion(loads, est, pages) if est else \
                 pick_prefill_worker(loads, self.config.placement, pages, self.theta)
         if wid is None:

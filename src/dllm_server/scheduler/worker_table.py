@@ -56,7 +56,8 @@ class WorkerTable:
     def loads(self, minus: tuple[int, int] | None = None) -> list[WorkerLoad]:
         """Every worker's load, leaving out `minus` (worker, tokens): one request's own charge."""
         return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens - (minus[1] if minus and minus[0] ==
-                           w.worker_id else 0), w.free_pages, w.num_pages, w.available) for w in self.workers]
+                           w.worker_id else 0), w.free_pages, w.num_pages, w.available,
+                           w.report.num_active_decodes if w.report else 0) for w in self.workers]
 
     @property
     def all_ready(self) -> bool:
