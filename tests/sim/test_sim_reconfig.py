@@ -86,3 +86,15 @@ def test_a_steady_rate_settles_once():
     assert len(rc.decisions) >= 5 and len(rc.records) <= 1, decisions(rc)
     assert all(r.began_s == rc.decisions[0][0] for r in rc.records)
     assert res.unfinished == 0
+
+
+def test_merging_in_waves_finishes():
+    """4 x TP2 -> 2 x TP4 in two waves: slots 0 and 1 start (as TP4s) in the first wave and slots 2, 3 stop in
+    it too; a slot that stops in one wave and starts in another once left the regroup waiting forever."""
+    config = ServerConfig(block_length=32, threshold_policy="slo", slo_thresholds="0.95,0.9,0.8,0.7",
+                          quality_floor=0.7, token_budget=1024, reconfigure_period_s=10.0)
+    sim = layout_simulator([2, 2, 2, 2], cost_for, config)
+    rc = reconfigurer(sim, cost_for, 2.0, (LLADA.heads, LLADA.kv_heads), gpus_per_node=8, schedule=[(5.0, [4, 4])])
+    res = sim.run(trace([(20.0, 1.0)], seed=2))
+    assert rc.active is None and [(r.source, r.target, r.waves) for r in rc.records] == [([2, 2, 2, 2], [4, 4], 2)]
+    assert res.unfinished == 0

@@ -119,6 +119,8 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
 
 
 HORIZON_PERIODS = 3     # a regroup's restart is priced against this many periods of the layout it brings
+HEADROOM = 3.0          # a move for the tail alone keeps room for three times the busiest recent 5-s window
+MIN_OUTCOMES = 16       # finished requests with an SLO before the last period's attainment counts
 
 
 def sample_demand(policy, arrivals: list[float], now: float, period_s: float) -> Demand | None:
@@ -127,11 +129,14 @@ def sample_demand(policy, arrivals: list[float], now: float, period_s: float) ->
     if not classes:
         return None
     blocks = np.maximum(1.0, np.array([c[2] for c in classes]))
+    # the policy's predictions at admission, scaled by how they compared with the forwards finished requests ran
+    ratios = list(getattr(policy, "forward_ratios", ()))
+    scale = float(np.clip(np.median(ratios), 0.5, 2.0)) if len(ratios) >= MIN_OUTCOMES else 1.0
     t = np.asarray(arrivals, dtype=float)
     gaps = np.diff(t[t > now - period_s])
     cv2 = float(gaps.var() / gaps.mean() ** 2) if len(gaps) > 2 and gaps.mean() > 0 else 1.0
     return Demand(budgets_s=np.array([c[0] for c in classes]),
-                  forwards=np.maximum(np.stack([c[1] for c in classes]), blocks[:, None]), blocks=blocks,
+                  forwards=np.maximum(scale * np.stack([c[1] for c in classes]), blocks[:, None]), blocks=blocks,
                   canvases=np.array([c[3] for c in classes], dtype=float), thresholds=tuple(policy.candidates),
                   window_rates=window_rates(t, now, period_s), arrival_cv2=cv2)
 
@@ -171,7 +176,16 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     out_s = state.out_s if state.out_s is not None else config.reconfigure_restart_s
     during = predict(degraded, inst, demand, config.load_target) if moved_devices else current
     price = max(0.0, current.attainment - during.attainment) * waves * out_s / (HORIZON_PERIODS * period)
-    gain = best.attainment - current.attainment
+    # under a load no higher than the period before's, what the current layout met in the last period bounds its
+    # prediction from below (never fix what works); a rising load makes the past no guide
+    t = np.asarray(arrivals, dtype=float)
+    span = period if len(t) and t.min() <= now - 2 * period else period / 2    # too little history: two halves
+    steady = np.sum(t > now - span) <= 1.2 * np.sum((t > now - 2 * span) & (t <= now - span))
+    recent = [met for at, met in getattr(policy, "outcomes", ()) if at > now - period]
+    measured = float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
+    gain = best.attainment - max(current.attainment, measured or 0.0)
+    room = config.load_target * sum(n * inst[d].capacity for d, n in target.items()) >= \
+        HEADROOM * float(np.max(demand.window_rates))
     since = None if state.last_change_s is None else now - state.last_change_s
     if target == current_counts or not moved_devices:
         go, why = False, f"the best layout is the current one ({describe_counts(current_counts)})"
@@ -179,14 +193,16 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
         go, why = False, f"the last change was {since:.3g} s ago (< one period, {period:g} s)"
     elif gain - price >= config.reconfigure_min_gain:
         go, why = True, f"attainment gain {gain:+.3f} - restart price {price:.3f} >= {config.reconfigure_min_gain:g}"
-    elif abs(gain) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
-        go, why = True, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s"
+    elif abs(best.attainment - current.attainment) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
+        go, why = room, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s" + (
+            "" if room else f", but no room for {HEADROOM:g} x the busiest 5-s window")
     else:
         go, why = False, f"attainment gain {gain:+.3f} - restart price {price:.3f} < {config.reconfigure_min_gain:g}"
     layout = sorted((d for d, n in target.items() for _ in range(n)), reverse=True)
     state.last = {"regroup": go, "why": why, "rate": float(np.mean(demand.window_rates)),
                   "target": layout, "current": sorted(instances.values(), reverse=True),
                   "current_attainment": current.attainment, "target_attainment": best.attainment,
+                  "measured_attainment": measured,
                   "current_tail_s": current.tail_s, "target_tail_s": best.tail_s, "price": price,
                   "current_mean_threshold": current.mean_threshold, "target_mean_threshold": best.mean_threshold}
     log.info("planner: %.2f req/s: current %s (attainment %.3f, p90 %.2f s) vs best %s (%.3f, %.2f s): %s (%s)",

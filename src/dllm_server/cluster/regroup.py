@@ -53,7 +53,9 @@ class Regroup:
     wave_began_at: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._wave_of = {w: k for k, (olds, news) in enumerate(self.waves) for w in olds | news}
+        # a slot may stop in one wave and start again in a later one: two maps, not one
+        self._stops_in = {w: k for k, (olds, _) in enumerate(self.waves) for w in olds}
+        self._starts_in = {w: k for k, (_, news) in enumerate(self.waves) for w in news}
 
     @classmethod
     def begin(cls, sched, current: Layout, target: Layout, now: float,
@@ -81,8 +83,9 @@ class Regroup:
         self.wave += 1
         return self._drain(sched, now)
 
-    def wave_of(self, w: int) -> int:
-        return self._wave_of[w]
+    def wave_of(self, w: int, starting: bool = False) -> int:
+        """The wave in which slot `w` stops (or, `starting`, starts)."""
+        return (self._starts_in if starting else self._stops_in)[w]
 
     def poll_drained(self, sched, now: float) -> list[int]:
         """Slots drained since the last call; the driver stops them."""
@@ -100,7 +103,8 @@ class Regroup:
     def launchable(self) -> list[int]:
         busy = {g for w in self.stop if w not in self.retired_at for g in self.current.instances[w]}
         return [w for w, devs in sorted(self.start.items()) if w not in self.launched_at
-                and self.wave_of(w) <= self.wave and not (w in self.stop and w not in self.retired_at) and not busy.intersection(devs)]
+                and self.wave_of(w, starting=True) <= self.wave and not (w in self.stop and w not in self.retired_at)
+                and not busy.intersection(devs)]
 
     def launching(self, sched, w: int, now: float) -> None:
         """A new instance starts in slot w, out of routing until its WorkerReady."""

@@ -67,6 +67,8 @@ class SLOPolicy(StaticPolicy):
         self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
         # recent admissions as SLO classes for the cluster planner: (budget s, forwards per candidate, blocks, canvas)
         self.classes: collections.deque = collections.deque(maxlen=256)
+        self.outcomes: collections.deque = collections.deque(maxlen=1024)   # (finished at, SLO met) with an SLO
+        self.forward_ratios: collections.deque = collections.deque(maxlen=256)   # forwards run / predicted at admission
         self.controller = None if not config.load_control else LoadController(
             self.candidates, target=config.load_target, calm_updates=round(RISE_AFTER_S / CONTROL_INTERVAL_S))
         self._controlled_at = self._revised_at = -1e9
@@ -114,6 +116,11 @@ class SLOPolicy(StaticPolicy):
         if output.finish_reason in ("stop", "length"):
             if rid in self.first_guess:
                 self.errors["oneshot"].append(self.first_guess[rid] - total)
+                if self.first_guess[rid] > 0:
+                    self.forward_ratios.append(total / self.first_guess[rid])
+            slo = state.sampling.slo_ms / 1e3 if state.sampling.slo_ms is not None else self.default_slo_s
+            if slo is not None and output.stats.latency_s is not None:
+                self.outcomes.append((now, output.stats.latency_s <= slo))
             if rid in self.first_latency and output.stats.latency_s and self.first_latency[rid] > 0:
                 self.latency_ratios.append(output.stats.latency_s / self.first_latency[rid])
             for done, remaining in self.online_guess.get(rid, ()):
