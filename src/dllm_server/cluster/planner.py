@@ -119,7 +119,7 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
 
 
 HORIZON_PERIODS = 3     # a regroup's restart is priced against this many periods of the layout it brings
-HEADROOM = 3.0          # a move for the tail alone keeps room for three times the busiest recent 5-s window
+HEADROOM = 3.0          # room to grow: capacity at the load target for 3x the busiest 5-s window of the period
 MIN_OUTCOMES = 16       # finished requests with an SLO before the last period's attainment counts
 
 
@@ -141,9 +141,13 @@ def sample_demand(policy, arrivals: list[float], now: float, period_s: float) ->
                   window_rates=window_rates(t, now, period_s), arrival_cv2=cv2)
 
 
-def rank(p: Prediction) -> tuple:
-    """Attainment to half a point, then the shorter tail (at light load every layout meets every SLO)."""
-    return round(p.attainment * 200), -p.tail_s
+def choose(scored: list[tuple[Prediction, dict]], has_room, band: float) -> tuple[Prediction, dict]:
+    """Among the layouts within `band` of the best attainment (a smaller gain would not pay for a regroup): those
+    with room to grow first, then attainment to half a point, then the shorter tail. At light load every layout
+    meets nearly every SLO, and the few fastest instances would leave no room."""
+    top = max(p.attainment for p, _ in scored)
+    near = [(p, lay) for p, lay in scored if p.attainment >= top - band]
+    return max(near, key=lambda pl: (has_room(pl[0]), round(pl[0].attainment * 200), -pl[0].tail_s))
 
 
 def _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state):
@@ -160,8 +164,12 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
                              credit_share=config.credit_share, row_tokens=row_tokens) for d in degrees}
     current_counts = {d: n for d in degrees if (n := sum(1 for v in instances.values() if v == d))}
     current = predict(current_counts, inst, demand, config.load_target)
+    need = HEADROOM * float(np.max(demand.window_rates))
+
+    def has_room(p: Prediction) -> bool:
+        return config.load_target * p.capacity >= need
     scored = [(predict(lay, inst, demand, config.load_target), lay) for lay in layouts(num_devices, degrees)]
-    best, target = max(scored, key=lambda pl: rank(pl[0]))
+    best, target = choose(scored, has_room, config.reconfigure_min_gain)
     # the restart's price: while a wave is out the rest serve the load, for each wave's restart, over the horizon
     moved = {d: max(0, n - target.get(d, 0)) for d, n in current_counts.items()}
     wave_devices = max(1, int(config.reconfigure_wave_share * num_devices))
@@ -184,8 +192,7 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     recent = [met for at, met in getattr(policy, "outcomes", ()) if at > now - period]
     measured = float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
     gain = best.attainment - max(current.attainment, measured or 0.0)
-    room = config.load_target * sum(n * inst[d].capacity for d, n in target.items()) >= \
-        HEADROOM * float(np.max(demand.window_rates))
+    room = has_room(best)
     since = None if state.last_change_s is None else now - state.last_change_s
     if target == current_counts or not moved_devices:
         go, why = False, f"the best layout is the current one ({describe_counts(current_counts)})"
@@ -196,6 +203,9 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     elif abs(best.attainment - current.attainment) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
         go, why = room, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s" + (
             "" if room else f", but no room for {HEADROOM:g} x the busiest 5-s window")
+    elif room and not has_room(current) and price < 0.005 and best.attainment > current.attainment - 0.005:
+        go, why = True, (f"room to grow while it is cheap: capacity {config.load_target * current.capacity:.1f} -> "
+                         f"{config.load_target * best.capacity:.1f} req/s for {need:.1f}")
     else:
         go, why = False, f"attainment gain {gain:+.3f} - restart price {price:.3f} < {config.reconfigure_min_gain:g}"
     layout = sorted((d for d, n in target.items() for _ in range(n)), reverse=True)
