@@ -200,6 +200,8 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
         go, why = False, f"the last change was {since:.3g} s ago (< one period, {period:g} s)"
     elif gain - price >= config.reconfigure_min_gain:
         go, why = True, f"attainment gain {gain:+.3f} - restart price {price:.3f} >= {config.reconfigure_min_gain:g}"
+    elif since is not None and since < 2 * period:       # a move for the tail or for room alone: not back and forth
+        go, why = False, f"no attainment gain, and the last change was {since:.3g} s ago (< two periods)"
     elif abs(best.attainment - current.attainment) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
         go, why = room, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s" + (
             "" if room else f", but no room for {HEADROOM:g} x the busiest 5-s window")
