@@ -32,6 +32,18 @@ MODEL = "llada-8b"
 REFERENCE_RATE = 8.50    # 16 x TP1's simulated capacity at fixed 0.9 (bench/sim_reconfig_static.py reference_capacity)
 
 
+def costs_by_degree():
+    """cost_for(d): the roofline H100 cost of a TP-d instance, each built once (`cost_for.cache`)."""
+    cache: dict = {}
+
+    def cost_for(d: int):
+        if d not in cache:
+            cache[d] = gpu_cost(MODEL, "h100", block_length=BLOCK, tp=d)
+        return cache[d]
+    cost_for.cache = cache
+    return cost_for
+
+
 def burst_requests(devices_ref: float, scales, phase_s: float, shape: float, slo_k: float, cost_tp4, seed: int):
     """The trace's requests with their SLOs (k x the unloaded TP4 latency at 0.95), and each one's phase."""
     phases = scaled_phases(devices_ref, scales, phase_s)
@@ -81,12 +93,8 @@ def main() -> None:
     ap.add_argument("--json", help="write every figure and planner decision here")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    costs: dict = {}
-
-    def cost_for(d: int):
-        if d not in costs:
-            costs[d] = gpu_cost(MODEL, "h100", block_length=BLOCK, tp=d)
-        return costs[d]
+    cost_for = costs_by_degree()
+    costs = cost_for.cache
     scales = [float(s) for s in a.scales.split(",")]
     requests, phases, phase_of = burst_requests(a.reference_rate, scales, a.phase_s, a.shape, a.slo_k, cost_for(4),
                                                 a.seed)

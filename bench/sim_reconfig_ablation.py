@@ -17,10 +17,9 @@ import numpy as np
 import torch
 
 from bench.harness import Table, parser
-from bench.sim_reconfig import MODEL, REFERENCE_RATE, burst_requests, regroups_per_phase, run
-from bench.sim_reconfig_static import BLOCK, base_config, phase_metrics
+from bench.sim_reconfig import REFERENCE_RATE, burst_requests, costs_by_degree, regroups_per_phase, run
+from bench.sim_reconfig_static import base_config, phase_metrics
 from dllm_server.cluster import planner
-from dllm_server.costmodel.gpu import gpu_cost
 from dllm_server.sim.instances import layout_degrees
 from dllm_server.sim.regroup import ASSUMED_RESTART_S
 
@@ -68,12 +67,7 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    costs: dict = {}
-
-    def cost_for(d: int):
-        if d not in costs:
-            costs[d] = gpu_cost(MODEL, "h100", block_length=BLOCK, tp=d)
-        return costs[d]
+    cost_for = costs_by_degree()
     scales = [0.3, 0.9, 1.4, 0.5]
     requests, phases, phase_of = burst_requests(REFERENCE_RATE, scales, a.phase_s, 0.5, a.slo_k, cost_for(4), a.seed)
     print(f"SIMULATED (roofline H100 costs, parametric behaviour): the trace and settings of bench/sim_reconfig.py, "
