@@ -150,6 +150,35 @@ def choose(scored: list[tuple[Prediction, dict]], has_room, band: float) -> tupl
     return max(near, key=lambda pl: (has_room(pl[0]), round(pl[0].attainment * 200), -pl[0].tail_s))
 
 
+def _restart_price(config, inst, demand, current_counts, current, target, num_devices, out_s):
+    """(devices that move, the attainment a regroup costs): while a wave is out the rest serve the load, for each
+    wave's restart, spread over the horizon."""
+    moved = {d: max(0, n - target.get(d, 0)) for d, n in current_counts.items()}
+    moved_devices = sum(d * n for d, n in moved.items())
+    if not moved_devices:
+        return 0, 0.0
+    wave_devices = max(1, int(config.reconfigure_wave_share * num_devices))
+    waves = -(-moved_devices // wave_devices)
+    degraded, left = dict(current_counts), wave_devices
+    for d in sorted(moved, reverse=True):
+        take = min(moved[d], left // d if left < wave_devices else max(1, left // d))   # a whole instance at least
+        degraded[d] -= take
+        left -= take * d
+    during = predict(degraded, inst, demand, config.load_target)
+    loss = max(0.0, current.attainment - during.attainment)
+    return moved_devices, loss * waves * out_s / (HORIZON_PERIODS * config.reconfigure_period_s)
+
+
+def _measured_attainment(policy, arrivals, now: float, period: float) -> float | None:
+    """What the current layout met in the last period, under a load no higher than the period before's (it then
+    bounds the layout's prediction from below: never fix what works); None on a rising load or too few outcomes."""
+    t = np.asarray(arrivals, dtype=float)
+    span = period if len(t) and t.min() <= now - 2 * period else period / 2    # too little history: two halves
+    steady = np.sum(t > now - span) <= 1.2 * np.sum((t > now - 2 * span) & (t <= now - span))
+    recent = [met for at, met in getattr(policy, "outcomes", ()) if at > now - period]
+    return float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
+
+
 def _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state):
     """The layout the attainment model ranks first, if its gain over the current one pays for the restart."""
     period = config.reconfigure_period_s
@@ -170,27 +199,9 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
         return config.load_target * p.capacity >= need
     scored = [(predict(lay, inst, demand, config.load_target), lay) for lay in layouts(num_devices, degrees)]
     best, target = choose(scored, has_room, config.reconfigure_min_gain)
-    # the restart's price: while a wave is out the rest serve the load, for each wave's restart, over the horizon
-    moved = {d: max(0, n - target.get(d, 0)) for d, n in current_counts.items()}
-    wave_devices = max(1, int(config.reconfigure_wave_share * num_devices))
-    moved_devices = sum(d * n for d, n in moved.items())
-    waves = -(-moved_devices // wave_devices)
-    degraded = dict(current_counts)
-    left = wave_devices
-    for d in sorted(moved, reverse=True):
-        take = min(moved[d], left // d if left < wave_devices else max(1, left // d))   # a whole instance at least
-        degraded[d] -= take
-        left -= take * d
     out_s = state.out_s if state.out_s is not None else config.reconfigure_restart_s
-    during = predict(degraded, inst, demand, config.load_target) if moved_devices else current
-    price = max(0.0, current.attainment - during.attainment) * waves * out_s / (HORIZON_PERIODS * period)
-    # under a load no higher than the period before's, what the current layout met in the last period bounds its
-    # prediction from below (never fix what works); a rising load makes the past no guide
-    t = np.asarray(arrivals, dtype=float)
-    span = period if len(t) and t.min() <= now - 2 * period else period / 2    # too little history: two halves
-    steady = np.sum(t > now - span) <= 1.2 * np.sum((t > now - 2 * span) & (t <= now - span))
-    recent = [met for at, met in getattr(policy, "outcomes", ()) if at > now - period]
-    measured = float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
+    moved_devices, price = _restart_price(config, inst, demand, current_counts, current, target, num_devices, out_s)
+    measured = _measured_attainment(policy, arrivals, now, period)
     gain = best.attainment - max(current.attainment, measured or 0.0)
     room = has_room(best)
     since = None if state.last_change_s is None else now - state.last_change_s
