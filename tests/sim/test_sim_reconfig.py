@@ -1,7 +1,7 @@
 """The server's reconfiguration planner on the simulator's virtual clock (sim/regroup.py): the same
-engine/planning.decide, engine/reconfig.Regroup and policy code, only the forward and transport
-simulated. A rate change regroups, a steady rate does not, nothing is lost, and two runs decide
-the same."""
+cluster/planner.decide, cluster/regroup.Regroup and policy code, only the forward and transport
+simulated. A rate change regroups, a steady rate settles once, nothing is lost, two runs decide
+the same, and a merge in waves finishes."""
 import numpy as np
 import pytest
 
