@@ -161,13 +161,13 @@ def test_the_planner_keeps_a_steady_load_and_regroups_when_it_pays(tiny_llada):
             load.models[w].add(features(8 * n, 100 * n, 100, 100 ** 2), 0.004 + 0.001 * n)
     policy = SLOPolicy(config, SimpleEstimator(), load)
     policy.new_work = [40.0, 36.0, 30.0, 26.0, 22.0, 20.0]           # forwards per request at each candidate
-    policy.budgets.extend([10.0] * 8)
+    policy.classes.extend([(10.0, policy.new_work, 5.0, 100)] * 8)   # SLO classes: budget, forwards, blocks, canvas
     state, now = PlannerState(), 100.0
     steady = [now - 10 + 0.5 * k for k in range(20)]                # 2 req/s for the last period
     assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, steady, now, state) is None
     assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, steady, now + 10, state) is None
-    policy.budgets.clear()
-    policy.budgets.extend([0.06] * 8)                                # 20+ forwards at ~3 ms: only a faster
+    policy.classes.clear()
+    policy.classes.extend([(0.06, policy.new_work, 5.0, 100)] * 8)                                # 20+ forwards at ~3 ms: only a faster
     degrees = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, [now + 19.5], now + 20, state)   # instance fits
     assert degrees == [2], state.last
 

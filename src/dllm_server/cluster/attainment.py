@@ -1,6 +1,6 @@
 """The planner's model of a layout: the SLO attainment, mean threshold and tail latency it predicts for a sample of
 recent requests (each its own SLO class: budget and forwards per threshold) arriving in bursts. Formulation:
-docs/reconfiguration.md "Predicted attainment"."""
+docs/reconfiguration.md "The attainment planner"."""
 from __future__ import annotations
 
 import dataclasses
@@ -145,8 +145,9 @@ def _fed_batch(per_seat: float, token_budget: int | None, credit_share: float, r
 def predict(layout: Mapping[int, int], models: Mapping[int, InstanceModel], demand: Demand,
             target: float = 0.9) -> Prediction:
     """The layout's attainment over the demand's windows: load split by each instance's capacity, a backlog carried
-    from an overloaded window to the next (its wait added to every request there), the policy's cap the highest
-    threshold that serves a window's load (load control), an unserved share counted as missed."""
+    from an overloaded window to the next (its wait added to every request there, so what a window cannot serve
+    is counted where it is served), the policy's cap the highest threshold whose load stays within `target` of
+    what the instance serves (load control)."""
     counts = {d: n for d, n in layout.items() if n}
     if not counts:
         return Prediction(0.0, 0.0, float("inf"), 0.0)

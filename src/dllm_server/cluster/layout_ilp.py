@@ -7,6 +7,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .attainment import window_rates
+
 
 UNSERVED_PENALTY = 1e3      # M: a req/s unserved weighs more than any threshold gain
 SPARE_WEIGHT = 1e-4         # eps: the tie-break's largest possible weight, in mean-threshold units
@@ -160,6 +162,4 @@ def forecast_rate(arrival_times_s: Sequence[float], now_s: float, period_s: floa
     num_windows = int(period_s // window_s) if window_s > 0 else 0
     if num_windows < 2:
         return mean
-    edges = now_s - window_s * np.arange(num_windows, -1, -1)
-    counts, _ = np.histogram(t, bins=edges)
-    return max(mean, float(np.percentile(counts / window_s, 90)))
+    return max(mean, float(np.percentile(window_rates(t, now_s, period_s, window_s), 90)))

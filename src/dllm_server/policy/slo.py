@@ -64,8 +64,8 @@ class SLOPolicy(StaticPolicy):
         self.finished = 0
         self._fc = self._f = 0.0
         self.arrivals: collections.deque = collections.deque(maxlen=4096)
-        self.budgets: collections.deque = collections.deque(maxlen=256)     # SLOs of recent admissions (s)
-        # recent admissions as SLO classes for the cluster planner: (budget s, forwards per candidate, blocks, canvas)
+        # recent admissions with an SLO, as classes for the cluster planner: (budget s, forwards per candidate,
+        # blocks, canvas)
         self.classes: collections.deque = collections.deque(maxlen=256)
         self.outcomes: collections.deque = collections.deque(maxlen=1024)   # (finished at, SLO met) with an SLO
         self.forward_ratios: collections.deque = collections.deque(maxlen=256)   # forwards run / predicted at admission
@@ -143,6 +143,11 @@ class SLOPolicy(StaticPolicy):
             d.pop(rid, None)
         self.hopeless.discard(rid)
         self._queue_version += 1
+
+    @property
+    def budgets(self) -> list[float]:
+        """SLO budgets (s) of recent admissions."""
+        return [c[0] for c in self.classes]
 
     @property
     def seated_canvas(self) -> float | None:
@@ -239,7 +244,6 @@ class SLOPolicy(StaticPolicy):
                 self.arrivals.append(now)
                 self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
                 if np.isfinite(budgets[i]):
-                    self.budgets.append(budgets[i])
                     self.classes.append((budgets[i], work[i].copy(), float(recomputes[i].max()),
                                          st.prompt_len + st.answer_len))
             remaining = float(work[i, j])
