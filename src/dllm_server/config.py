@@ -159,10 +159,11 @@ class ClusterConfig(_Section):
                         choices=("colocated", "disaggregated", "hybrid"))
     num_workers: int = _f(1, "worker processes (colocated: all; otherwise decode workers)", ge=1)
     num_prefill_workers: int = _f(1, "prefill workers in disaggregated / hybrid placement", ge=1)
-    tensor_parallel_size: int = _f(1, "tensor-parallel degree of every model instance: each instance (a worker as "
-                                   "the scheduler sees it) is this many processes, one GPU each on CUDA, sharding "
-                                   "heads and MLP rows; must divide the model's attention and KV heads; colocated "
-                                   "placement only for now (docs/parallelism.md)", ge=1)
+    tensor_parallel_size: int = _f(1, "tensor-parallel degree of every instance (a worker as the scheduler sees it; "
+                                   "disaggregated / hybrid: of the decode ones): this many processes, one GPU each on "
+                                   "CUDA, sharding heads and MLP rows; divides the attention and KV heads", ge=1)
+    prefill_tensor_parallel_size: int = _f(0, "disaggregated / hybrid: the prefill instances' degree (0: "
+                                           "tensor_parallel_size); KV moves rank to rank (docs/parallelism.md)", ge=0)
     distributed_executor_backend: str = _f("mp", "how worker processes start: mp (local subprocesses) or ray "
                                            "(Ray actors on a Ray cluster, maybe on other nodes; docs/multinode.md)",
                                            choices=("mp", "ray"))
@@ -267,16 +268,17 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
                                  or self.threshold_policy != "slo"):
             bad("reconfigure", "needs colocated placement, the mp backend and --threshold-policy slo (the planner "
                 "plans thresholds; disaggregated workers hand KV between fixed pairs; ray fixes its bundles)")
-        if self.tensor_parallel_size > 1 and self.placement != "colocated":
-            bad("tensor_parallel_size", f"{self.tensor_parallel_size} with {self.placement} placement is not supported "
-                "yet (its KV handoff moves whole-model pages between single-process workers): use colocated "
-                "placement, or tensor_parallel_size 1")
+        if self.prefill_tensor_parallel_size and self.placement == "colocated":
+            bad("prefill_tensor_parallel_size", "needs disaggregated or hybrid placement (no prefill instances)")
+
+    def degree(self, role: str) -> int:             # an instance's TP degree in this role
+        return (role == "prefill" and self.prefill_tensor_parallel_size) or self.tensor_parallel_size
 
     def check_model_heads(self, num_heads: int, num_kv_heads: int) -> None:
         """The rules that need the model's head counts (read from its config.json before any weights load)."""
-        why = tp_degree_error(self.tensor_parallel_size, num_heads, num_kv_heads)
-        if why:
-            raise ValueError(f"tensor_parallel_size: {why}")
+        for name in ("tensor_parallel_size", "prefill_tensor_parallel_size"):
+            if getattr(self, name) and (why := tp_degree_error(getattr(self, name), num_heads, num_kv_heads)):
+                raise ValueError(f"{name}: {why}")
 
     @property
     def candidate_thresholds(self) -> tuple[float, ...]:
@@ -308,8 +310,7 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
                             self.threshold_policy == "slo" or self.routing == "completion",
                             dream_decoding=self.dream_decoding, cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
                             malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
-                            fixed_matmul_rows=self.fixed_matmul_rows, tensor_parallel_size=self.tensor_parallel_size,
-                            block_causal_finalise=self.block_causal_finalise,
+                            fixed_matmul_rows=self.fixed_matmul_rows, block_causal_finalise=self.block_causal_finalise,
                             prefix_caching=self.enable_prefix_caching and self.block_causal_finalise != "recompute",
                             moe_backend=self.moe_backend, hooks=hooks or TestHooks())
 
@@ -373,7 +374,6 @@ class WorkerConfig:
     malloc_trim_s: float = 0.0         # 0: never
     malloc_hold_mb: int = 0            # 0: glibc's defaults
     fixed_matmul_rows: int = 0         # 0: off
-    tensor_parallel_size: int = 1      # ranks of this worker's instance (worker/tp.py)
     block_causal_finalise: str = "fused"
     prefix_caching: bool = False       # block-causal models only
     moe_backend: str = "torch"

@@ -13,24 +13,26 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def check_gpu_count(placement: str, num_workers: int, num_gpus: int) -> None:
-    """Workers that hand KV over need a GPU each: NCCL refuses two ranks on one device."""
-    if placement != "colocated" and num_workers > num_gpus:
-        raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker for the NCCL KV "
-                         f"handoff ({num_workers} workers, {num_gpus} GPUs); use fewer workers, more GPUs, "
+def check_gpu_count(placement: str, num_ranks: int, num_gpus: int) -> None:
+    """Ranks that hand KV over need a GPU each: NCCL refuses two ranks on one device."""
+    if placement != "colocated" and num_ranks > num_gpus:
+        raise ValueError(f"placement: {placement} on CUDA needs one GPU per worker rank for the NCCL KV "
+                         f"handoff ({num_ranks} ranks, {num_gpus} GPUs); use fewer workers, more GPUs, "
                          f"colocated placement or --device cpu")
 
 
-def worker_devices(device: str, placement: str, num_workers: int, tp: int = 1) -> list[tuple[str, ...]]:
-    """The device of every rank of every worker: CUDA devices round-robin, or the CPU for all."""
+def worker_devices(device: str, placement: str, degrees: list[int]) -> list[tuple[str, ...]]:
+    """The device of every rank of every worker (`degrees`: each one's TP degree): CUDA devices round-robin, or the
+    CPU for all."""
     import torch
     kind = resolve_device(device)
     if kind == "cpu":
-        return [("cpu",) * tp] * num_workers
+        return [("cpu",) * d for d in degrees]
     count = torch.cuda.device_count()
-    check_gpu_count(placement, num_workers, count)
-    check_tp_gpus(tp, count)
-    return [tuple(f"cuda:{(i * tp + r) % count}" for r in range(tp)) for i in range(num_workers)]
+    check_gpu_count(placement, sum(degrees), count)
+    check_tp_gpus(max(degrees), count)
+    starts = [sum(degrees[:i]) for i in range(len(degrees))]
+    return [tuple(f"cuda:{(s + r) % count}" for r in range(d)) for s, d in zip(starts, degrees)]
 
 
 def check_tp_gpus(tp: int, num_gpus: int) -> None:

@@ -27,6 +27,7 @@ class WorkerSpec:
     dist_host: str = "127.0.0.1"   # the KV world's store (worker 0's node); tp_host: the instance's (its rank 0's)
     tp_host: str = "127.0.0.1"
     parent_pid: int = 0       # the front that spawned it (mp launch; 0: not its parent, as under Ray)
+    kv_ranks: tuple[tuple[int, ...], ...] = ()    # world_size > 1: every worker's ranks in that world, leader first
 
 
 @dataclass(frozen=True, slots=True)

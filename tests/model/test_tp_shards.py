@@ -81,8 +81,6 @@ def test_degrees_that_do_not_divide_the_heads_are_named():
     assert "(allowed: 1, 2, 4, 8, 16, 32)" in tp_degree_error(3, 32, 32)
     with pytest.raises(ValueError, match="tensor_parallel_size: 8 does not divide the model's 28"):
         ServerConfig(tensor_parallel_size=8).check_model_heads(28, 4)
-    with pytest.raises(ValueError, match="tensor_parallel_size: 2 with disaggregated placement is not supported"):
-        ServerConfig(tensor_parallel_size=2, placement="disaggregated")
     with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide"):
         from dllm_server.model.args import ModelArgs
         ModelArgs("llada", 64, 2, 4, 4, 128, 262, 320, 1e4, 1e-5, 64, 261, 256, False, False, 0, tp_size=3)

@@ -108,3 +108,24 @@ def test_cli_plan_ranks_tp_candidates_with_the_rest(capsys):
     assert caps == sorted(caps, reverse=True)
     pools = data["assumptions"]["tensor_parallel"]["kv_pool_tokens"]
     assert int(pools["4"]) > int(pools["2"]) > 0
+
+
+def test_a_handoff_between_tp_instances_moves_each_ranks_heads_side_by_side():
+    """SIMULATED: p x d ranks move a block's KV over min(p, d) links at once (each rank its heads), so TP 2 to
+    TP 2 takes half the link time of TP 1 to TP 1, and TP 2 to TP 1 is bound by the one receiving link."""
+    from dllm_server.sim.transport import Fabric
+    cost = gpu_cost("llada-8b", "h100")
+    nbytes = cost.kv_bytes(4096)
+
+    def link_s(src_degree, dst_degree):
+        fabric = Fabric(cost, lambda: 0.0, lambda *_: None, [src_degree, dst_degree])
+        g = fabric.group((0, 1, 0))
+        g.num_bytes, g.ready_at, g.posted_at = nbytes, 0.0, 0.0
+        fabric.try_complete((0, 1, 0))
+        return g.done_at
+
+    one = link_s(1, 1)
+    assert one == pytest.approx(cost.kv_transfer_s(nbytes))
+    assert link_s(2, 2) == pytest.approx(cost.kv_transfer_s(nbytes / 2)) and link_s(2, 2) < 0.55 * one
+    assert link_s(2, 1) == pytest.approx(one) and link_s(1, 4) == pytest.approx(one)
+    assert link_s(4, 8) == pytest.approx(cost.kv_transfer_s(nbytes / 4))

@@ -24,7 +24,7 @@ LENGTHS = {"a": 20, "b": 24}          # canvas tokens: 3 pages each
 
 def _core(model_path, rank, emit=None):
     config = ServerConfig(block_length=8, dtype="float32", page_size=PAGE, num_pages=PAGES).worker_config()
-    return build_core(config, model_path, torch.device("cpu"), rank, transfers=True, emit=emit)
+    return build_core(config, model_path, torch.device("cpu"), rank, kv_ranks=((0,), (1,)), emit=emit)
 
 
 def _fragment(pool, free_pages):

@@ -58,8 +58,8 @@ class AsyncEngine:
         self.load = WorkerLoadModel(config.block_length)
         self.policy = policy or make_policy(config, self.path, self.load)
         self.roles = worker_roles(config.placement, config.num_workers, config.num_prefill_workers)
-        self.devices = worker_devices(config.device, config.placement, len(self.roles),   # fails here, clearly
-                                      config.tensor_parallel_size)
+        self.devices = worker_devices(config.device, config.placement,   # fails here, clearly
+                                      [config.degree(role) for role in self.roles])
         self.heads = head_counts(cfg, config.model or str(self.path))
         self.scheduler: Scheduler | None = None
         self.pool: WorkerPool | None = None
@@ -90,7 +90,7 @@ class AsyncEngine:
                                loop, self._on_messages, self._on_death, self.hooks)
         self.regroups = ServerRegroups(self.config, self.scheduler, self.pool, self.watchdog, self.roles,
                                        self.devices, self.heads,
-                                       Layout.of_degrees([self.config.tensor_parallel_size] * len(self.roles)))
+                                       Layout.of_degrees([len(d) for d in self.devices]))
         self.pool.start_all()
         ready = asyncio.ensure_future(self._ready.wait())
         failed = asyncio.ensure_future(self._failed.wait())

@@ -127,7 +127,7 @@ class RayLauncher:
     STRICT_PACK group, so its all-reduces never cross nodes."""
     name = "ray"
 
-    def __init__(self, config, num_workers: int, tp: int, num_threads: int, use_gpu: bool):
+    def __init__(self, config, degrees: list[int], num_threads: int, use_gpu: bool):
         try:
             import ray
             from ray.util.placement_group import placement_group
@@ -141,12 +141,12 @@ class RayLauncher:
                  **({} if address is not None else {"num_cpus": os.cpu_count()}))
         self.hub = SocketHub(ray.util.get_node_ip_address())
         bundle = {"CPU": num_threads, **({"GPU": 1} if use_gpu else {})}
-        if tp == 1:
-            groups = [placement_group([bundle] * num_workers, strategy=config.ray_placement_strategy)]
-            self.bundles = {(w, 0): (groups[0], w) for w in range(num_workers)}
+        if max(degrees) == 1:
+            groups = [placement_group([bundle] * len(degrees), strategy=config.ray_placement_strategy)]
+            self.bundles = {(w, 0): (groups[0], w) for w in range(len(degrees))}
         else:
-            groups = [placement_group([bundle] * tp, strategy="STRICT_PACK") for _ in range(num_workers)]
-            self.bundles = {(w, r): (groups[w], r) for w in range(num_workers) for r in range(tp)}
+            groups = [placement_group([bundle] * d, strategy="STRICT_PACK") for d in degrees]
+            self.bundles = {(w, r): (groups[w], r) for w, d in enumerate(degrees) for r in range(d)}
         self.groups = groups
         try:
             ray.get([g.ready() for g in groups], timeout=PLACEMENT_TIMEOUT_S)
@@ -205,7 +205,8 @@ class RayLauncher:
             self.ray.shutdown()
 
 
-def make_launcher(config, num_workers: int, tp: int, num_threads: int, use_gpu: bool):
+def make_launcher(config, degrees: list[int], num_threads: int, use_gpu: bool):
+    """`degrees`: every instance's TP degree, in worker order."""
     if config.distributed_executor_backend == "ray":
-        return RayLauncher(config, num_workers, tp, num_threads, use_gpu)
+        return RayLauncher(config, degrees, num_threads, use_gpu)
     return MpLauncher()

@@ -18,10 +18,12 @@ from ..config import WorkerConfig
 from ..messages import WorkerFailed, WorkerReady, WorkerSpec
 from ..worker.build import build_core, build_stepper, startup_profile
 from ..worker.determinism import check_model, summary as invariance_summary
+from ..worker.kv_shards import KVWorld
 from ..worker.kv_transfer import connect_peers
 from ..worker.memory import IdleTrim, bound_kernel_caches, hold_freed_memory
 from ..worker.runner import InstanceBroken
-from ..worker.tp import follow, gather_rss, init_groups
+from ..worker.tp import TPGroups, follow, gather_rss, init_groups, subgroups
+from ..worker.tp_handoff import FollowerHandoffs
 from ..worker.turn import take_turn
 
 log = logging.getLogger("dllm_server.worker")
@@ -84,14 +86,9 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
     if spec.restarts and config.hooks.hang_at_forward:     # the injected hang is a one-off: a restart recovers
         config = dataclasses.replace(config, hooks=dataclasses.replace(config.hooks, hang_at_forward=0))
     device = _prepare_device(spec, config)
-    transfers = spec.world_size > 1
-    if transfers:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                init_method=f"tcp://{spec.dist_host}:{spec.dist_port}",
-                                rank=spec.worker_id, world_size=spec.world_size)
-        connect_peers(spec.worker_id, list(spec.kv_peers), device)
-    tp = init_groups(0, spec.tp_size, spec.tp_host, spec.tp_port, device) if spec.tp_size > 1 else None
-    core, info = build_core(config, spec.model_path, device, spec.worker_id, transfers, emit=outbox.put, tp=tp)
+    tp = _join(spec, device)
+    kv_ranks = spec.kv_ranks if spec.world_size > 1 else None
+    core, info = build_core(config, spec.model_path, device, spec.worker_id, kv_ranks, emit=outbox.put, tp=tp)
     rss, weights = gather_rss(tp, core.stepper.weights_rss_mb)
     log.info("worker %d: %d rank(s), resident memory after loading %s MB (weights %s MB)", spec.worker_id,
              spec.tp_size, " / ".join(f"{r:.0f}" for r in rss), " / ".join(f"{r:.0f}" for r in weights))
@@ -107,12 +104,29 @@ def _run(spec: WorkerSpec, config: WorkerConfig, inbox, outbox, parent: int) -> 
             core.stepper.runner.plan_sink.stop()        # the followers' loops end with ours
 
 
+def _join(spec: WorkerSpec, device: torch.device) -> TPGroups | None:
+    """Workers that hand KV over share one torch.distributed world of all their ranks (its store in worker 0's
+    leader), and TP instances take their groups inside it; a TP instance alone has a world of its own."""
+    if spec.world_size == 1:
+        return init_groups(spec.tp_rank, spec.tp_size, spec.tp_host, spec.tp_port, device) if spec.tp_size > 1 \
+            else None
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://{spec.dist_host}:{spec.dist_port}",
+                            rank=spec.kv_ranks[spec.worker_id][spec.tp_rank], world_size=spec.world_size)
+    tp = subgroups(spec.kv_ranks, spec.worker_id, spec.tp_rank, device)
+    connect_peers(spec.kv_ranks[spec.worker_id][spec.tp_rank],          # every rank of every peer: both ends agree
+                  [r for w in spec.kv_peers for r in spec.kv_ranks[w]], device)
+    return tp
+
+
 def _follow(spec: WorkerSpec, config: WorkerConfig) -> None:
     device = _prepare_device(spec, config)
-    tp = init_groups(spec.tp_rank, spec.tp_size, spec.tp_host, spec.tp_port, device)
+    tp = _join(spec, device)
     stepper, pool, args = build_stepper(config, spec.model_path, device, tp)
     gather_rss(tp, stepper.weights_rss_mb)
-    n = follow(stepper.runner, tp, args.mask_id, pool.page_size)
+    handoffs = FollowerHandoffs(KVWorld(spec.kv_ranks, args.num_kv_heads), spec.worker_id, spec.tp_rank, pool.layers,
+                                device) if spec.world_size > 1 else None
+    n = follow(stepper.runner, tp, args.mask_id, pool.page_size, handoffs)
     log.info("worker %d rank %d: stopped after %d forwards", spec.worker_id, spec.tp_rank, n)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..config import ServerConfig, TestHooks
 from ..messages import Shutdown, WorkerSpec
+from ..worker.kv_shards import world_ranks
 from .launchers import make_launcher
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,10 @@ class WorkerPool:
         self._stopping = False
         # Leave a core to the front: OpenMP threads that lose their core spin at barriers (docs/benchmarks.md §3).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.tp = config.tensor_parallel_size
-        self.threads = config.threads_per_worker or max(1, (cores - 1) // (len(roles) * self.tp))
-        self.launcher = make_launcher(config, len(roles), self.tp, self.threads, devices[0][0].startswith("cuda"))
+        degrees = [len(d) for d in devices]
+        self.threads = config.threads_per_worker or max(1, (cores - 1) // sum(degrees))
+        self.launcher = make_launcher(config, degrees, self.threads, devices[0][0].startswith("cuda"))
+        self.kv_ranks = world_ranks(degrees)
 
     @property
     def uses_process_group(self) -> bool:
@@ -85,11 +87,12 @@ class WorkerPool:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
         peers = tuple(i for i, r in enumerate(self.roles) if r == peer_role)
         tp = len(handles)
-        tp_host, tp_port = self.launcher.rendezvous(handles[0]) if tp > 1 else ("127.0.0.1", 0)
+        shared = self.uses_process_group      # its TP group lives in the KV world (worker_main._join)
+        tp_host, tp_port = self.launcher.rendezvous(handles[0]) if tp > 1 and not shared else ("127.0.0.1", 0)
         starts = self.starts.get(wid, 0)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid][0], self.threads, self.model_path,
-                          len(self.roles) if self.uses_process_group else 1, kv[1], peers, starts,
-                          0, tp, tp_port, kv[0], tp_host)
+                          self.kv_ranks[-1][-1] + 1 if shared else 1, kv[1], peers, starts,
+                          0, tp, tp_port, kv[0], tp_host, kv_ranks=self.kv_ranks if shared else ())
         self.starts[wid] = starts + 1
         channel = self.launcher.channel(f"{wid}-{starts}")
         self.launcher.run(handles[0], spec, self.worker_config, channel)

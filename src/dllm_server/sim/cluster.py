@@ -160,7 +160,7 @@ class Simulator:
         self.scheduler = Scheduler(config, self.roles, None, self._send, policy, clock=self.clock, load=load)
         self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
         handoffs = "prefill" in self.roles and len(self.roles) > 1    # as worker_pool.uses_process_group
-        self.fabric = Fabric(cost, self.clock, self._wake) if handoffs else None
+        self.fabric = Fabric(cost, self.clock, self._wake, [getattr(c, "tp", 1) for c in costs]) if handoffs else None
         self.handoffs, self.lead, self.wc = handoffs, window_lead(logit_shift, config.dream_decoding), wc
         self.logs: dict[int, list] = {}                  # recorded iterations per slot, across regroups
         self.workers: list[_Worker | None] = []

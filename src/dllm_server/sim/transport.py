@@ -24,8 +24,10 @@ class _Group:
 class Fabric:
     """Every simulated KV link; `wake(worker, at)` asks for that worker's turn when its transfer completes."""
 
-    def __init__(self, cost, clock: Callable[[], float], wake: Callable[[int, float], None]):
+    def __init__(self, cost, clock: Callable[[], float], wake: Callable[[int, float], None],
+                 degrees: list[int] | None = None):
         self.cost = cost
+        self.degrees = degrees           # each worker's TP degree: rank pairs move their heads side by side
         self.clock = clock
         self.wake = wake
         self.groups: dict[tuple[int, int, int], _Group] = {}
@@ -45,7 +47,9 @@ class Fabric:
         if g.ready_at is None or g.posted_at is None or g.done_at is not None:
             return
         src, dst, _ = key
-        xfer = self.cost.kv_transfer_s(g.num_bytes)
+        # p x d ranks: each rank's link carries its 1/p (sending) or 1/d (receiving) of the heads at once
+        lanes = min(self.degrees[src], self.degrees[dst]) if self.degrees else 1
+        xfer = self.cost.kv_transfer_s(g.num_bytes / lanes)
         if g.streamed:   # layers leave as they are computed: the last one after the forward
             start = max(g.posted_at, g.opened_at, self.link_free_at.get(src, 0.0))
             end = max(start + xfer, g.ready_at + xfer / max(1, self.cost.num_layers))

@@ -16,6 +16,7 @@ from .core import WorkerCore
 from .determinism import set_fixed_rows
 from .handoff import WorkerHandoffs
 from .kv_pool import KVPool
+from .kv_shards import KVWorld
 from .kv_transfer import TorchTransport, Waiter
 from .model_step import ModelStepper
 from .prefix_cache import PrefixCache
@@ -64,14 +65,20 @@ def fuse_moe_kernel(model, device: torch.device, fixed_rows: int) -> int:
 
 
 def build_core(config: WorkerConfig, model_path: str, device: torch.device, worker_id: int = 0,
-               transfers: bool = False, emit: Callable[[list], None] | None = None,
+               kv_ranks: tuple[tuple[int, ...], ...] | None = None, emit: Callable[[list], None] | None = None,
                tp: TPGroups | None = None) -> tuple[WorkerCore, ModelInfo]:
-    """`transfers`: it sends or receives KV (needs a torch.distributed group); `tp`: it leads a TP instance."""
+    """`kv_ranks`: it sends or receives KV in this torch.distributed world (every worker's ranks, kv_shards.KVWorld);
+    `tp`: it leads a TP instance."""
     stepper, pool, args = build_stepper(config, model_path, device, tp)
-    if tp is not None:
-        stepper.runner.plan_sink = PlanSender(tp)
-    handoffs = WorkerHandoffs(worker_id, pool, TorchTransport(worker_id, pool.layers, Waiter(device))) if transfers \
-        else None
+    sender = PlanSender(tp) if tp is not None else None
+    stepper.runner.plan_sink = sender
+    handoffs = None
+    if kv_ranks is not None:
+        world = KVWorld(kv_ranks, args.num_kv_heads)
+        transport = TorchTransport(worker_id, pool.layers, Waiter(device),
+                                   route=lambda peer: world.pieces(worker_id, 0, peer),
+                                   tell=sender.tell if sender is not None else None, kv_heads=args.num_kv_heads)
+        handoffs = WorkerHandoffs(worker_id, pool, transport)
     cache = PrefixCache(pool, args.block_size) if config.prefix_caching and args.block_size else None
     return WorkerCore(config, stepper, pool, args.mask_id, handoffs, emit, cache), model_info(args)
 

@@ -40,7 +40,25 @@ def init_groups(rank: int, size: int, host: str, port: int, device: torch.device
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
                             timeout=GROUP_TIMEOUT)
     plan = dist.new_group(backend="gloo", timeout=GROUP_TIMEOUT) if backend != "gloo" else dist.group.WORLD
-    groups = TPGroups(rank, size, plan, dist.group.WORLD)
+    return _warm(TPGroups(rank, size, plan, dist.group.WORLD), device)
+
+
+def subgroups(instances: tuple[tuple[int, ...], ...], mine: int, rank: int, device: torch.device) -> TPGroups | None:
+    """Inside a KV world that already holds every rank of every instance (disaggregated and hybrid placement): each
+    instance's groups, created by every process in the same order as new_group requires; this process's or None."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    groups = None
+    for w, ranks in enumerate(instances):
+        if len(ranks) == 1:
+            continue
+        reduce = dist.new_group(list(ranks), timeout=GROUP_TIMEOUT, backend=backend)
+        plan = dist.new_group(list(ranks), timeout=GROUP_TIMEOUT, backend="gloo") if backend != "gloo" else reduce
+        if w == mine:
+            groups = TPGroups(rank, len(ranks), plan, reduce)
+    return _warm(groups, device) if groups is not None else None
+
+
+def _warm(groups: TPGroups, device: torch.device) -> TPGroups:
     warm = torch.zeros(1, device=device)
     groups.all_reduce(warm)          # communicators initialised before any capture or forward
     return groups
@@ -85,28 +103,40 @@ class PlanSender:
 
     def __call__(self, items: list[ForwardItem], decode_only: bool) -> None:
         plan = encode(items, decode_only)
-        head = plan[:HEADER].clone()
-        dist.broadcast(head, src=0, group=self.groups.plan)
-        dist.broadcast(plan[HEADER:].clone(), src=0, group=self.groups.plan)
+        dist.broadcast(plan[:HEADER].clone(), group=self.groups.plan, group_src=0)
+        if plan.numel() > HEADER:
+            dist.broadcast(plan[HEADER:].clone(), group=self.groups.plan, group_src=0)
+
+    def tell(self, op: int, payload: list[int]) -> None:
+        """A KV handoff operation for the followers to mirror (kv_shards: OPEN ... INSTALL)."""
+        dist.broadcast(torch.tensor([op, len(payload), 0, 0], dtype=torch.int64), group=self.groups.plan, group_src=0)
+        if payload:
+            dist.broadcast(torch.tensor(payload, dtype=torch.int64), group=self.groups.plan, group_src=0)
 
     def stop(self) -> None:
         with _quiet():
-            dist.broadcast(torch.tensor([STOP, 0, 0, 0], dtype=torch.int64), src=0, group=self.groups.plan)
+            dist.broadcast(torch.tensor([STOP, 0, 0, 0], dtype=torch.int64), group=self.groups.plan, group_src=0)
 
 
-def follow(runner, groups: TPGroups, mask_id: int, page_size: int) -> int:
-    """A follower's loop until STOP or the leader is gone (the broadcast raises); returns the forwards run."""
+def follow(runner, groups: TPGroups, mask_id: int, page_size: int, handoffs=None) -> int:
+    """A follower's loop until STOP or the leader is gone (the broadcast raises); returns the forwards run.
+    `handoffs` (tp_handoff.FollowerHandoffs): the instance hands KV to or from others, so plans also carry those."""
     forwards = 0
     head = torch.zeros(HEADER, dtype=torch.int64)
     while True:
-        dist.broadcast(head, src=0, group=groups.plan)
+        dist.broadcast(head, group=groups.plan, group_src=0)
         op, length = int(head[0]), int(head[1])
         if op == STOP:
             return forwards
         body = torch.empty(length, dtype=torch.int64)
-        dist.broadcast(body, src=0, group=groups.plan)
+        if length:
+            dist.broadcast(body, group=groups.plan, group_src=0)
+        if op != FORWARD:
+            handoffs.handle(op, body.tolist())
+            continue
         items, decode_only = decode(torch.cat([head, body]), mask_id, page_size, runner.device)
-        runner.forward(items, decode_only=decode_only, logits=False)
+        layer_done = handoffs.sender.layer_done if handoffs is not None and handoffs.streaming else None
+        runner.forward(items, layer_done=layer_done, decode_only=decode_only, logits=False)
         forwards += 1
 
 
@@ -130,7 +160,7 @@ def gather_rss(tp: TPGroups | None, weights_mb: float) -> tuple[tuple[float, ...
     if tp is None:
         return (float(mine[0]),), (float(mine[1]),)
     parts = [torch.zeros(2, dtype=torch.float64) for _ in range(tp.size)] if tp.rank == 0 else None
-    dist.gather(mine, parts, dst=0, group=tp.plan)
+    dist.gather(mine, parts, group=tp.plan, group_dst=0)
     if parts is None:
         return (), ()
     return tuple(float(p[0]) for p in parts), tuple(float(p[1]) for p in parts)
