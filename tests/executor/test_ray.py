@@ -1,9 +1,10 @@
 """The ray launch backend on a two-node Ray cluster simulated on this machine
 (ray.cluster_utils.Cluster, one CPU a node, loopback pinned): colocated workers spread over both
 nodes and a disaggregated pair with prefill on one node and decode on the other are
-token-identical to the offline API; a worker process killed mid-load ends its requests within
-5 s and the server recovers; a shutdown leaves no live actor or placement group of ours. One
-cluster for the module (Ray's own advice: its start-up is the cost)."""
+token-identical to the offline API; the requests of a worker process killed mid-load, or of one
+stopped (a hang the watchdog finds), resume with the same answers and the server recovers; a
+shutdown leaves no live actor or placement group of ours. One cluster for the module (Ray's own
+advice: its start-up is the cost)."""
 import asyncio
 import os
 
@@ -90,6 +91,39 @@ def test_a_killed_workers_requests_resume_and_the_server_recovers(cluster, tiny_
             await kill_resumes(engine, victim, tasks, 24, max_tokens=480)
             await recovers(engine, timeout_s=90, requests=6)
             assert engine.stats().workers[0].pid != victim
+        finally:
+            await engine.shutdown(0)
+    asyncio.run(run())
+
+
+def test_a_stopped_worker_is_found_by_the_watchdog_and_its_requests_resume(cluster, tiny_llada):
+    """SIGSTOP of a worker actor's process (a hang: Ray still sees it alive): the watchdog finds it within its
+    timeout + 5 s, Ray kills it, its requests resume on the other worker or the restarted one and answer as without
+    the fault."""
+    import signal
+    import time
+
+    async def run():
+        engine = AsyncEngine(ray_config(cluster, tiny_llada, num_workers=2, worker_stall_timeout_s=5.0))
+        await engine.start(timeout_s=180)
+        try:
+            tasks, _ = slow_requests(engine, 12, max_tokens=200)
+            while engine.stats().num_running < 4:
+                await asyncio.sleep(0.05)
+            victim = engine.stats().workers[0].pid
+            os.kill(victim, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            while engine.stats().counters.worker_hangs == 0 and time.monotonic() - stopped_at < 60:
+                await asyncio.sleep(0.05)
+            detected_s = time.monotonic() - stopped_at
+            assert engine.stats().counters.worker_hangs == 1 and detected_s < 5.0 + 5.0, detected_s
+            print(f"ray: a stopped worker found after {detected_s:.2f} s (watchdog 5 s)")
+            outs = await asyncio.wait_for(asyncio.gather(*tasks), 180)
+            assert all(o.finish_reason == "length" for o in outs) and engine.stats().counters.requests_resumed >= 1
+            await recovers(engine, timeout_s=90, requests=4)
+            again, _ = slow_requests(engine, 12, max_tokens=200)
+            assert [o.token_ids for o in await asyncio.gather(*again)] == [o.token_ids for o in outs]
+            assert victim not in [w.pid for w in engine.stats().workers]
         finally:
             await engine.shutdown(0)
     asyncio.run(run())
