@@ -19,6 +19,7 @@ from .admission import PrefillCandidate, admit, seat_decodes
 from .handoff import Install, WorkerHandoffs
 from .kv_pool import KVPool
 from .model_step import Stepper
+from .runner import InstanceBroken
 from .prefix_cache import PrefixCache
 from .task import ACTIVE, HELD, PREFILL, READY, WAITING, BlockTask, IterationStats, iteration_load
 
@@ -213,6 +214,9 @@ class WorkerCore:
             if self.num_forwards == self.config.hooks.hang_at_forward:
                 _hang_forever()
             result = self.stepper.run(prefills, decodes, self.handoffs.layer_done if streamed else None)
+        except InstanceBroken:     # the process ends; its followers may sit in an all-reduce a CLOSE would meet
+            streamed = []
+            raise
         except Exception as exc:   # a failed forward fails its requests, never the worker
             log.exception("forward failed")
             out = []

@@ -51,12 +51,10 @@ class KVWorld:
                 out.append(Piece(peer_rank, (a - mine_lo, b - mine_lo), (a - lo, b - lo)))
         return out
 
-    def peers(self, worker: int, rank: int, peer_workers: tuple[int, ...]) -> list[int]:
-        return [p.peer for w in peer_workers for p in self.pieces(worker, rank, w)]
 
-
-# The plan group's handoff operations (worker/tp.py carries them beside FORWARD).
-OPEN, CLOSE, SEND_NOW, RECEIVE, INSTALL = 3, 4, 5, 6, 7
+# What a TP leader broadcasts to its followers over the plan group (worker/tp.py): a forward's plan, the end, and
+# the KV handoff operations they mirror (worker/tp_handoff.py).
+FORWARD, STOP, OPEN, CLOSE, SEND_NOW, RECEIVE, INSTALL = 1, 2, 3, 4, 5, 6, 7
 
 
 def slots_code(slots) -> list[int]:

@@ -39,8 +39,8 @@ class Transfer:
     staging: list[tuple[tuple[int, int], torch.Tensor]] = field(default_factory=list)  # (local heads, [L, 2, n, h, d])
     slots: torch.Tensor | slice | None = None
     error: str | None = None
-    receive_id: int = -1           # a receive's number in its worker's order (a TP leader names it to followers)
-    finished: threading.Event = field(default_factory=threading.Event)
+    receive_id: int = -1           # a TP leader's receive, numbered in order: the INSTALL that names it to followers
+    finished: threading.Event = field(default_factory=threading.Event)   # set by the waiter (a follower's INSTALL)
 
 
 class Waiter:
@@ -165,15 +165,16 @@ class KVSender:
     def _send_layer(self, g: _Group, layer: int) -> None:
         kv = self.layers[layer]
         n = len(g.items)
-        heads = kv.k.shape[1]
         for j, (it, t) in enumerate(zip(g.items, g.transfers)):
             for half, cache in enumerate((kv.k, kv.v)):
                 block = cache[it.slots]
+                pooled = isinstance(it.slots, slice)      # a view of the pool (gathered slots are a copy already)
                 for p in g.pieces:
-                    lo, hi = p.mine
-                    data = block if (lo, hi) == (0, heads) else block[:, lo:hi].contiguous()
-                    if self.copy and data is block and isinstance(it.slots, slice):
-                        data = block.clone()
+                    data = block[:, p.mine[0]:p.mine[1]]
+                    if self.copy and pooled:
+                        data = data.clone(memory_format=torch.contiguous_format)
+                    else:
+                        data = data.contiguous()        # a view stays one where the piece is the whole block
                     t.buffers.append(data)
                     t.works.append(dist.isend(data, p.peer, tag=g.tag_base + 2 * (layer * n + j) + half))
         g.next_layer = layer + 1
@@ -256,7 +257,8 @@ class TorchTransport:
         self.tell = tell
         self.sender = KVSender(worker_id, layers, waiter, route=route)
         self._receives = 0
-        self._instance_share = (kv_heads or layers[0].k.shape[1]) / layers[0].k.shape[1]   # bytes: all ranks'
+        # transfers report the whole instance's bytes (every rank moves its heads), as at TP 1
+        self._instance_share = (kv_heads or layers[0].k.shape[1]) / layers[0].k.shape[1]
 
     @property
     def pending(self) -> bool:

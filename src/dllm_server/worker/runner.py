@@ -72,7 +72,7 @@ class ModelRunner:
         `layer_done(kv)` runs after each layer's attention; `logits=False` (a TP follower) returns None."""
         if self.plan_sink is not None:
             try:
-                self.plan_sink(items, decode_only)
+                self.plan_sink(items, decode_only, layer_done is not None)
                 return self._forward(items, layer_done, decode_only, logits)
             except Exception as exc:
                 raise InstanceBroken(f"tensor-parallel forward failed: {exc!r}") from exc

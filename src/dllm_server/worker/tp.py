@@ -13,12 +13,13 @@ import torch
 import torch.distributed as dist
 
 from .kv_pool import PageAlloc, alloc_of_pages
+from .kv_shards import FORWARD, STOP
 from .runner import ForwardItem
 
 log = logging.getLogger(__name__)
 
-FORWARD, STOP = 1, 2
-HEADER = 4                       # opcode, payload length, decode_only, number of items
+HEADER = 4                       # opcode, payload length, flags, number of items
+DECODE_ONLY, STREAMS = 1, 2      # flags of a FORWARD: the leader streams KV from this forward (tp_handoff.py)
 GROUP_TIMEOUT = datetime.timedelta(days=7)   # an idle follower waits in a broadcast: no spurious timeout
 
 
@@ -64,7 +65,7 @@ def _warm(groups: TPGroups, device: torch.device) -> TPGroups:
     return groups
 
 
-def encode(items: list[ForwardItem], decode_only: bool) -> torch.Tensor:
+def encode(items: list[ForwardItem], decode_only: bool, streams: bool = False) -> torch.Tensor:
     body = array("q")
     for it in items:
         a = it.alloc
@@ -72,14 +73,16 @@ def encode(items: list[ForwardItem], decode_only: bool) -> torch.Tensor:
                      len(a.pages)))
         body.extend(a.pages)
         body.frombytes(it.canvas[it.fed_start:it.fed_end].numpy().tobytes())
-    head = array("q", (FORWARD, len(body), int(decode_only), len(items)))
+    head = array("q", (FORWARD, len(body), DECODE_ONLY * decode_only | STREAMS * streams, len(items)))
     return torch.frombuffer(head + body, dtype=torch.int64)
 
 
-def decode(plan: torch.Tensor, mask_id: int, page_size: int, device: torch.device) -> tuple[list[ForwardItem], bool]:
-    """The leader's items as a follower rebuilds them: only the fed ids of the canvas are real (the rest is unread)."""
+def decode(plan: torch.Tensor, mask_id: int, page_size: int, device: torch.device
+           ) -> tuple[list[ForwardItem], bool, bool]:
+    """The leader's items as a follower rebuilds them (only the fed ids of the canvas are real: the rest is unread),
+    whether it is decode-only and whether it streams KV."""
     v = plan.tolist()
-    decode_only, n = bool(v[2]), v[3]
+    decode_only, streams, n = bool(v[2] & DECODE_ONLY), bool(v[2] & STREAMS), v[3]
     i, items = HEADER, []
     for _ in range(n):
         canvas_len, fed_start, fed_end, block_start, block_end, slot_base, n_pages = v[i:i + 7]
@@ -92,7 +95,7 @@ def decode(plan: torch.Tensor, mask_id: int, page_size: int, device: torch.devic
         alloc = PageAlloc(pages, slot_base, None) if slot_base >= 0 else alloc_of_pages(pages, canvas_len, page_size,
                                                                                         device)
         items.append(ForwardItem(canvas, alloc, fed_start, fed_end, block_start, block_end))
-    return items, decode_only
+    return items, decode_only, streams
 
 
 class PlanSender:
@@ -101,8 +104,8 @@ class PlanSender:
     def __init__(self, groups: TPGroups):
         self.groups = groups
 
-    def __call__(self, items: list[ForwardItem], decode_only: bool) -> None:
-        plan = encode(items, decode_only)
+    def __call__(self, items: list[ForwardItem], decode_only: bool, streams: bool = False) -> None:
+        plan = encode(items, decode_only, streams)
         dist.broadcast(plan[:HEADER].clone(), group=self.groups.plan, group_src=0)
         if plan.numel() > HEADER:
             dist.broadcast(plan[HEADER:].clone(), group=self.groups.plan, group_src=0)
@@ -134,8 +137,8 @@ def follow(runner, groups: TPGroups, mask_id: int, page_size: int, handoffs=None
         if op != FORWARD:
             handoffs.handle(op, body.tolist())
             continue
-        items, decode_only = decode(torch.cat([head, body]), mask_id, page_size, runner.device)
-        layer_done = handoffs.sender.layer_done if handoffs is not None and handoffs.streaming else None
+        items, decode_only, streams = decode(torch.cat([head, body]), mask_id, page_size, runner.device)
+        layer_done = handoffs.sender.layer_done if streams else None
         runner.forward(items, layer_done=layer_done, decode_only=decode_only, logits=False)
         forwards += 1
 

@@ -46,14 +46,13 @@ class FollowerHandoffs:
         self.receives: dict[int, Transfer] = {}
         self._next_receive = 0
 
-    @property
-    def streaming(self) -> bool:
-        return self.sender.open_groups
-
     def handle(self, op: int, payload: list[int]) -> None:
-        self.waiter.completed()                 # the finished ones' buffers go
+        for t in self.waiter.completed():       # the finished ones' buffers go; a failed one breaks the instance
+            if t.error is not None:
+                raise RuntimeError(f"KV transfer with worker {t.peer} failed: {t.error}")
         if op in (OPEN, SEND_NOW):
-            self.sender.open(self._sends(payload), tag_bases=self._tag_bases(payload))
+            items, bases = self._sends(payload)
+            self.sender.open(items, tag_bases=bases)
             if op == SEND_NOW:
                 self.sender.close()
         elif op == CLOSE:
@@ -77,25 +76,18 @@ class FollowerHandoffs:
                 t = self.receives.pop(rid)
                 t.finished.wait()
                 if t.error is not None:
-                    raise RuntimeError(f"KV transfer from rank {t.peer} failed: {t.error}")
+                    raise RuntimeError(f"KV transfer from worker {t.peer} failed: {t.error}")
                 install_staging(self.layers, t)
         else:
             raise ValueError(f"tensor parallel: unknown plan operation {op}")
 
-    def _groups(self, payload: list[int]):
+    def _sends(self, payload: list[int]) -> tuple[list[SendItem], dict[int, int]]:
+        """The items of an OPEN or SEND_NOW and each destination's tag base (kv_shards.encode_sends)."""
         r = _Reader(payload, self.device)
+        items, bases = [], {}
         for _ in range(r.one()):
-            dst, base, n = r.take(3)
-            items = []
+            dst, bases[dst], n = r.take(3)
             for _ in range(n):
                 length = r.one()
                 items.append(SendItem("", 0, r.slots(length), length, dst))
-            yield dst, base, items
-
-    def _sends(self, payload: list[int]) -> list[SendItem]:
-        return [it for _, _, items in self._groups(payload) for it in items]
-
-    def _tag_bases(self, payload: list[int]) -> dict[int, int]:
-        return {dst: base for dst, base, _ in self._groups(payload)}
-
-
+        return items, bases
