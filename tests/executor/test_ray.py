@@ -139,3 +139,42 @@ def test_shutdown_leaves_no_actor_or_placement_group_of_ours(cluster, tiny_llada
     finally:
         ray.shutdown()
     assert alive == [] and groups == []
+
+
+def test_losing_a_node_resumes_its_requests_on_a_spare_node(cluster, tiny_llada):
+    """The loss of a whole Ray node (its raylet and every process on it), with a spare node in the cluster: the
+    worker on it dies with it, Ray moves its placement-group bundle to the spare node, the worker restarts there,
+    and its requests resume with the same answers. Last in the module: it changes the cluster."""
+    import time
+    spare = cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20, node_ip_address="127.0.0.1",
+                             resources={"node_c": 1})
+    cluster.wait_for_nodes()
+
+    async def run():
+        engine = AsyncEngine(ray_config(cluster, tiny_llada, num_workers=2))
+        await engine.start(timeout_s=180)
+        try:
+            tasks, _ = slow_requests(engine, 12, max_tokens=200)
+            while engine.stats().num_running < 4:
+                await asyncio.sleep(0.05)
+            nodes = actor_nodes()
+            head = cluster.head_node.node_id
+            victim = next(w for w in engine.stats().workers if nodes[w.pid] != head)
+            node = next(n for n in cluster.list_all_nodes() if n.node_id == nodes[victim.pid])
+            lost_at = time.monotonic()
+            cluster.remove_node(node, allow_graceful=False)
+            outs = await asyncio.wait_for(asyncio.gather(*tasks), 240)
+            resumed_s = time.monotonic() - lost_at
+            assert all(o.finish_reason == "length" for o in outs) and engine.stats().counters.requests_resumed >= 1
+            await recovers(engine, timeout_s=120, requests=4)
+            recovered_s = time.monotonic() - lost_at
+            again, _ = slow_requests(engine, 12, max_tokens=200)
+            assert [o.token_ids for o in await asyncio.gather(*again)] == [o.token_ids for o in outs]
+            now = actor_nodes()
+            assert {now[w.pid] for w in engine.stats().workers} <= {n.node_id for n in cluster.list_all_nodes()} - \
+                {node.node_id}
+            print(f"ray: node lost; every request answered {resumed_s:.1f} s later, both workers serving after "
+                  f"{recovered_s:.1f} s")
+        finally:
+            await engine.shutdown(0)
+    asyncio.run(run())

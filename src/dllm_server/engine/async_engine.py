@@ -36,6 +36,7 @@ from ..structured.grammars import Grammars
 
 log = logging.getLogger(__name__)
 OFFLOAD_CHARS = 2048    # shorter inputs tokenize faster than the hop to the tokenize thread
+RESTART_RETRY_S = 5.0   # a restart that failed (no place for the worker yet) is tried again after this
 
 
 class EngineOverloaded(Exception):
@@ -213,7 +214,15 @@ class AsyncEngine:
             self._failed.set()
             return
         if self.config.restart_workers and not self.draining:
-            ids = self.pool.restart(wid)
+            try:
+                ids = self.pool.restart(wid)
+            except Exception as exc:     # e.g. Ray placed it on a node that died unnoticed: its bundle moves later
+                log.error("worker %d: restart failed (%s: %s); again in %g s", wid, type(exc).__name__, exc,
+                          RESTART_RETRY_S)
+                self.watchdog.reset(wid)
+                self.scheduler.on_worker_lost([wid], reason)     # its requests resume elsewhere meanwhile
+                asyncio.get_running_loop().call_later(RESTART_RETRY_S, self._retry_restart, wid, exitcode)
+                return
             for i in ids:
                 self.watchdog.reset(i)
             self.scheduler.counters.worker_restarts += 1
@@ -221,6 +230,11 @@ class AsyncEngine:
         else:
             self.dead = reason
             self.scheduler.on_worker_lost(list(range(len(self.roles))), reason, resume=False)
+
+    def _retry_restart(self, wid: int, exitcode) -> None:
+        if not self.draining and self.dead is None and self.pool is not None and not self.pool.stopping:
+            self._death_reasons[wid] = f"worker {wid}: trying its restart again"
+            self._on_death(wid, exitcode)
 
     def prepare(self, prompt: Any = None, params: SamplingParams | None = None, messages: list[dict] | None = None,
                 request_id: str | None = None) -> RequestState:

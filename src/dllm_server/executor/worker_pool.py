@@ -55,6 +55,10 @@ class WorkerPool:
         self.kv_ranks = world_ranks(degrees)
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
     def uses_process_group(self) -> bool:
         return "prefill" in self.roles
 
