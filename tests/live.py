@@ -50,6 +50,22 @@ async def kill_resumes(engine, pid: int, tasks: list, n: int, max_tokens: int = 
     return outs
 
 
+async def stop_is_found(engine, pid: int, timeout_s: float) -> float:
+    """SIGSTOP `pid` (a hang, not a death): the watchdog counts it within its `timeout_s` + 5 s. Returns the
+    seconds that took."""
+    import asyncio
+    import os
+    import signal
+    import time
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    while engine.stats().counters.worker_hangs == 0 and time.monotonic() - stopped_at < timeout_s + 30:
+        await asyncio.sleep(0.05)
+    detected_s = time.monotonic() - stopped_at
+    assert engine.stats().counters.worker_hangs == 1 and detected_s < timeout_s + 5.0, detected_s
+    return detected_s
+
+
 async def recovers(engine, timeout_s: float = 60.0, requests: int = 8) -> None:
     """The engine is healthy again within `timeout_s` and serves new requests."""
     import asyncio
