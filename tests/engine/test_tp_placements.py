@@ -75,10 +75,12 @@ async def test_a_killed_follower_rank_restarts_the_kv_world_and_its_requests_res
     config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1,
                           placement="disaggregated", tensor_parallel_size=2, prefill_tensor_parallel_size=2)
     async with running(config) as engine:
-        tasks, _ = slow_requests(engine, 12, max_tokens=64)
-        await asyncio.sleep(1.0)
+        tasks, _ = slow_requests(engine, 12, max_tokens=128)
+        while engine.stats().num_running < 6:         # decoding on the decode instance, not finished
+            await asyncio.sleep(0.05)
+        assert not any(t.done() for t in tasks)
         worker = next(w for w in engine.stats().workers if w.role == role)
         before = [p for w in engine.stats().workers for p in w.rank_pids]
-        await kill_resumes(engine, worker.rank_pids[1], tasks, 12, max_tokens=64)
+        await kill_resumes(engine, worker.rank_pids[1], tasks, 12, max_tokens=128)
         after = [p for w in engine.stats().workers for p in w.rank_pids]
         assert len(after) == 4 and not set(before) & set(after)

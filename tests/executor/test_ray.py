@@ -139,8 +139,7 @@ def test_losing_a_node_resumes_its_requests_on_a_spare_node(cluster, tiny_llada)
     worker on it dies with it, Ray moves its placement-group bundle to the spare node, the worker restarts there,
     and its requests resume with the same answers. Last in the module: it changes the cluster."""
     import time
-    cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20, node_ip_address="127.0.0.1",
-                             resources={"node_c": 1})
+    cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20, node_ip_address="127.0.0.1", resources={"node_c": 1})
     cluster.wait_for_nodes()
 
     async def run():
