@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .capacity_table import IterationTime, iteration_at, recompute_allowance
+from .capacity_table import IterationTime, iteration_at
 
 WINDOW_S = 5.0          # the forecast's burstiness: arrival rates over windows of this length
 RHO_MAX = 0.95         # a window over capacity queues as a backlog (predict), not as a steady-state queue

@@ -95,7 +95,7 @@ class WorkerPool:
         tp_host, tp_port = self.launcher.rendezvous(handles[0]) if tp > 1 and not shared else ("127.0.0.1", 0)
         starts = self.starts.get(wid, 0)
         spec = WorkerSpec(wid, self.roles[wid], self.devices[wid][0], self.threads, self.model_path,
-                          self.kv_ranks[-1][-1] + 1 if shared else 1, kv[1], peers, starts,
+                          sum(map(len, self.kv_ranks)) if shared else 1, kv[1], peers, starts,
                           0, tp, tp_port, kv[0], tp_host, kv_ranks=self.kv_ranks if shared else ())
         self.starts[wid] = starts + 1
         channel = self.launcher.channel(f"{wid}-{starts}")

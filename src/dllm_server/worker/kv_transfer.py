@@ -126,10 +126,6 @@ class KVSender:
         self._next_tag: dict[int, int] = collections.defaultdict(int)
         self._groups: list[_Group] = []
 
-    @property
-    def open_groups(self) -> bool:
-        return bool(self._groups)
-
     def open(self, items: list[SendItem], tag_bases: dict[int, int] | None = None) -> list[KVSent]:
         """`tag_bases`: each destination's first tag as the leader chose it (a follower); else this sender's own."""
         by_dst: dict[int, list[SendItem]] = {}
