@@ -1,7 +1,6 @@
-"""ServerConfig: the single source of every default (CLI, docs/configuration.md, tests and benchmarks
-derive from it), in sections; each field carries its help and the rules it is checked against.
-Only plain values: runtime facts never come back into the config. Imports nothing from the package.
-"""
+"""ServerConfig: the single source of every default (CLI, docs/configuration.md, tests and benchmarks derive from
+it), in sections; each field carries its help and the rules it is checked against. Only plain values: runtime facts
+never come back into the config. Imports nothing from the package."""
 from __future__ import annotations
 
 import dataclasses
@@ -217,8 +216,9 @@ class HTTPConfig(_Section):
     allowed_origins: str = _f("*", "CORS allowed origins, comma-separated")
     keep_alive_s: float = _f(10.0, "SSE keep-alive comment after this many seconds of silence", gt=0.0)
     shutdown_timeout_s: float = _f(30.0, "SIGTERM drain time; 0 aborts in-flight requests", ge=0.0)
-    playground: bool = _f(True, "serve the web playground (the canvas being denoised, live) at /playground; "
-                          "/ redirects there")
+    admin_endpoints: bool = _f(False, "serve the operator endpoints: GET / POST /reconfigure shows / regroups the "
+                               "instances by hand (docs/reconfiguration.md); --api-key guards them too")
+    playground: bool = _f(True, "serve the web playground (the canvas as it denoises) at /playground; / goes there")
     max_request_body_bytes: int = _f(4 << 20, "largest request body; a bigger one is refused with 413 while it is "
                                      "read, before any parsing", ge=1)
     body_read_timeout_s: float = _f(30.0, "a request body not received in full within this many seconds: 408", gt=0.0)

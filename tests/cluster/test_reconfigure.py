@@ -331,3 +331,46 @@ def test_the_attainment_planner_trusts_what_the_current_layout_met_and_calibrate
     assert sample_demand(policy, heavy, 100.0, 10.0).forwards == pytest.approx(np.maximum(0.6 * base, 4.0))
     policy.forward_ratios.extend([0.1] * 64)
     assert sample_demand(policy, heavy, 100.0, 10.0).forwards == pytest.approx(np.maximum(0.5 * base, 4.0))
+
+
+async def test_the_reconfigure_endpoint_regroups_by_hand_and_refuses_clearly(tiny_llada):
+    """--admin-endpoints: GET /reconfigure shows the layout and a regroup in progress, POST regroups (409 while one
+    runs, 400 for a layout the devices or the heads refuse, never a 500); without the flag there is no such route."""
+    import httpx
+
+    from dllm_server.api.app import build_app
+    config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1, num_workers=2,
+                          admin_endpoints=True)
+    async with running(config) as engine:
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(engine, "tiny")),
+                                   base_url="http://server", timeout=120)
+        assert (await client.get("/reconfigure")).json() == {"tensor_parallel_sizes": [1, 1], "regroup": None,
+                                                             "regroups_done": 0}
+        for body, param in (({"tensor_parallel_sizes": [1]}, "tensor_parallel_sizes"),
+                            ({"tensor_parallel_sizes": [3, -1]}, "tensor_parallel_sizes"),
+                            ({"tensor_parallel_sizes": []}, "tensor_parallel_sizes"),
+                            ({"tensor_parallel_sizes": [2], "wait": 1}, "wait")):
+            r = await client.post("/reconfigure", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        busy = [asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 64,
+                                                                           "steps": 64, "ignore_eos": True}))
+                for _ in range(4)]
+        await asyncio.sleep(0.3)
+        first = asyncio.ensure_future(client.post("/reconfigure", json={"tensor_parallel_sizes": [2]}))
+        for _ in range(100):
+            status = (await client.get("/reconfigure")).json()
+            if status["regroup"] is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert status["regroup"]["from"] == [1, 1] and status["regroup"]["to"] == [2], status
+        second = await client.post("/reconfigure", json={"tensor_parallel_sizes": [1, 1]})
+        assert second.status_code == 409 and "already running" in second.json()["error"]["message"]
+        done = await first
+        assert done.status_code == 200 and done.json()["layout"] == [2], done.text
+        assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
+        assert (await client.get("/reconfigure")).json()["tensor_parallel_sizes"] == [2]
+        await client.aclose()
+        engine.config = config.replace(admin_endpoints=False)      # the app reads the flag when it is built
+        plain = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(engine, "tiny")), base_url="http://s")
+        assert (await plain.post("/reconfigure", json={"tensor_parallel_sizes": [2]})).status_code == 404
+        await plain.aclose()

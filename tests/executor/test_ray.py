@@ -135,8 +135,6 @@ def test_shutdown_leaves_no_actor_or_placement_group_of_ours(cluster, tiny_llada
     assert alive == [] and groups == []
 
 
-@pytest.mark.skipif(not os.environ.get("DLLM_TEST_RAY_NODE_LOSS"), reason="not yet reliable on 2 cores (failed 2 of "
-                    "6 runs here: docs/reliability.md); DLLM_TEST_RAY_NODE_LOSS=1 runs it")
 def test_losing_a_node_resumes_its_requests_on_a_spare_node(cluster, tiny_llada):
     """The loss of a whole Ray node (its raylet and every process on it), with a spare node in the cluster: the
     worker on it dies with it, Ray moves its placement-group bundle to the spare node, the worker restarts there,

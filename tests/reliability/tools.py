@@ -59,6 +59,20 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (field 6 of /proc/N/stat): what a server started in its own session left."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in open(f"/proc/{pid}/status"):

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..engine.async_engine import AsyncEngine
+from .admin import Admin
 from .body import Limits
 from .errors import APIError, error_body, error_response
 from .metrics import Metrics
@@ -96,6 +97,8 @@ def build_app(engine: AsyncEngine, model_name: str, lifespan=None) -> Starlette:
     ]
     if engine.config.playground:
         routes += Playground(engine, model_name).routes()
+    if engine.config.admin_endpoints:
+        routes += Admin(engine).routes()
 
     def count(code: int) -> None:
         metrics.error_responses.labels(model_name, str(code)).inc()

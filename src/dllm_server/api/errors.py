@@ -7,8 +7,8 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError",
-         413: "BadRequestError", 500: "InternalServerError", 501: "NotImplementedError",
-         503: "ServiceUnavailableError"}
+         409: "ConflictError", 413: "BadRequestError", 500: "InternalServerError", 501: "NotImplementedError",
+         503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
 
 
 class APIError(Exception):

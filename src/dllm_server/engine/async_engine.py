@@ -3,6 +3,7 @@ the API, tests and benchmarks. Never touches model tensors; the scheduler owns a
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -75,6 +76,9 @@ class AsyncEngine:
         # One thread: big prompts queue behind each other, never behind the loop (the Rust
         # tokenizer releases the GIL; a chat template yields it every switch interval).
         self.tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-tokenize")
+        # One thread, as long-lived as the engine: a worker's PR_SET_PDEATHSIG fires when the thread that
+        # spawned it exits.
+        self.restart_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-restart")
         self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
         self._watch_task: asyncio.Task | None = None
         self._death_reasons: dict[int, str] = {}
@@ -133,6 +137,7 @@ class AsyncEngine:
         if self.regroups is not None:
             self.regroups.stop_planner()
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.restart_thread.shutdown(wait=False, cancel_futures=True)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
 
@@ -214,22 +219,32 @@ class AsyncEngine:
             self._failed.set()
             return
         if self.config.restart_workers and not self.draining:
-            try:
-                ids = self.pool.restart(wid)
-            except Exception as exc:     # e.g. Ray placed it on a node that died unnoticed: its bundle moves later
-                log.error("worker %d: restart failed (%s: %s); again in %g s", wid, type(exc).__name__, exc,
-                          RESTART_RETRY_S)
-                self.watchdog.reset(wid)
-                self.scheduler.on_worker_lost([wid], reason)     # its requests resume elsewhere meanwhile
-                asyncio.get_running_loop().call_later(RESTART_RETRY_S, self._retry_restart, wid, exitcode)
-                return
+            ids = self.pool.restart_ids(wid)
             for i in ids:
                 self.watchdog.reset(i)
-            self.scheduler.counters.worker_restarts += 1
-            self.scheduler.on_worker_lost(ids, reason)
+            self.scheduler.on_worker_lost(ids, reason)      # resumed elsewhere now, or on the restarted one
+            # off the loop: joining the old processes and placing new ones takes seconds (under Ray, after a node
+            # loss, 13 s), and the live workers' streams must keep flowing meanwhile
+            restart = asyncio.get_running_loop().run_in_executor(self.restart_thread, self.pool.restart, wid)
+            restart.add_done_callback(functools.partial(self._restarted, wid, exitcode))
         else:
             self.dead = reason
             self.scheduler.on_worker_lost(list(range(len(self.roles))), reason, resume=False)
+
+    def _restarted(self, wid: int, exitcode, restart: asyncio.Future) -> None:
+        if restart.cancelled():
+            return
+        exc = restart.exception()
+        if exc is not None:          # e.g. Ray placed it on a node that died unnoticed: its bundle moves later
+            log.error("worker %d: restart failed (%s: %s); again in %g s", wid, type(exc).__name__, exc,
+                      RESTART_RETRY_S)
+            self.watchdog.reset(wid)
+            asyncio.get_running_loop().call_later(RESTART_RETRY_S, self._retry_restart, wid, exitcode)
+            return
+        for i in restart.result():
+            self.watchdog.reset(i)
+        if restart.result():
+            self.scheduler.counters.worker_restarts += 1
 
     def _retry_restart(self, wid: int, exitcode) -> None:
         if not self.draining and self.dead is None and self.pool is not None and not self.pool.stopping:

@@ -17,6 +17,10 @@ from ..scheduler.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
+class RegroupAborted(Exception):
+    """The server shut down before the regroup finished."""
+
+
 class ServerRegroups:
     """`roles` and `devices` are the pool's own lists (a regroup may add slots to them)."""
 
@@ -31,6 +35,7 @@ class ServerRegroups:
         self._done_future: asyncio.Future | None = None
         self._stop_lock = asyncio.Lock()
         self._planner: asyncio.Task | None = None
+        self._poller: asyncio.Task | None = None
 
     @property
     def layout(self) -> Layout:
@@ -47,22 +52,23 @@ class ServerRegroups:
         if self.driver.active is not None:
             raise RuntimeError("reconfigure: a regroup is already running")
         self.driver.begin(degrees, "asked")
-        return await self._until_done(timeout_s)
+        try:
+            record = await asyncio.wait_for(asyncio.shield(self._follow()), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"reconfigure: not done after {timeout_s:g} s; it goes on (GET /reconfigure shows "
+                               f"it)") from None
+        return record.result
 
-    async def _until_done(self, timeout_s: float) -> dict:
-        rg = self.driver.active
+    def _follow(self) -> asyncio.Future:
+        """Polls the active regroup until it finishes (one task, whoever waits or stops waiting); its record."""
         self._done_future = done = asyncio.get_running_loop().create_future()
-        deadline = rg.started_at + timeout_s
-        while not done.done():
-            self.driver.poll()
-            now = time.monotonic()
-            if len(rg.drained_at) < len(rg.stop) and now > deadline:
-                raise TimeoutError(f"reconfigure: instances {sorted(rg.stop - set(rg.drained_at))} not drained in "
-                                   f"{timeout_s:g} s")
-            if now > deadline + 120:
-                raise TimeoutError(f"reconfigure: new instances {sorted(rg.start)} not ready")
-            await asyncio.sleep(0.01)
-        return done.result().result
+
+        async def poll() -> None:
+            while not done.done():
+                self.driver.poll()
+                await asyncio.sleep(0.01)
+        self._poller = asyncio.ensure_future(poll())
+        return done
 
     def _done(self, record: RegroupRecord) -> None:
         if self._done_future is not None and not self._done_future.done():
@@ -88,8 +94,11 @@ class ServerRegroups:
         self._planner = asyncio.ensure_future(self._plan(serving))
 
     def stop_planner(self) -> None:
-        if self._planner is not None:
-            self._planner.cancel()
+        for task in (self._planner, self._poller):
+            if task is not None:
+                task.cancel()
+        if self._done_future is not None and not self._done_future.done():
+            self._done_future.set_exception(RegroupAborted("reconfigure: the server stopped during the regroup"))
 
     async def _plan(self, serving: Callable[[], bool]) -> None:
         while True:
@@ -98,6 +107,6 @@ class ServerRegroups:
                 continue
             try:
                 if self.driver.plan() is not None:
-                    await self._until_done(120.0)
+                    await self._follow()
             except Exception:                 # a planner failure must not take the server down
                 log.exception("reconfiguration planner failed; the layout stays")

@@ -31,6 +31,7 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     death_reported: bool = False
     dead: bool = False                  # seen on the loop: later batches are dropped
+    send_failed: bool = False
 
 
 class WorkerPool:
@@ -47,6 +48,7 @@ class WorkerPool:
         self.slots: dict[int, _Slot] = {}
         self.starts: dict[int, int] = {}
         self._stopping = False
+        self._slots_lock = threading.RLock()     # restarts run off the loop: stop and regroups wait for them
         # Leave a core to the front: OpenMP threads that lose their core spin at barriers (docs/benchmarks.md §3).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         degrees = [len(d) for d in devices]
@@ -74,18 +76,20 @@ class WorkerPool:
 
     def start_instance(self, wid: int) -> None:
         """A regroup's new instance in slot `wid`, on `devices[wid]` (its degree is their number)."""
-        self._start(wid, ("127.0.0.1", 0), [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))])
+        with self._slots_lock:
+            self._start(wid, ("127.0.0.1", 0), [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))])
 
     def retire(self, wid: int, timeout_s: float = 30.0) -> None:
         """Stop one instance for good (a regroup); blocking. Not reported as a death: the slot is gone first."""
-        slot = self.slots.pop(wid)
-        slot.dead = True
-        with contextlib.suppress(OSError, ValueError):
-            slot.channel.send(Shutdown())
-        for p in [slot.process, *slot.followers]:
-            p.join(timeout=timeout_s)
-        self._kill(slot)
-        slot.channel.close()
+        with self._slots_lock:
+            slot = self.slots.pop(wid)
+            slot.dead = True
+            with contextlib.suppress(OSError, ValueError):
+                slot.channel.send(Shutdown())
+            for p in [slot.process, *slot.followers]:
+                p.join(timeout=timeout_s)
+            self._kill(slot)
+            slot.channel.close()
 
     def _start(self, wid: int, kv: tuple[str, int], handles: list) -> None:
         peer_role = {"prefill": "decode", "decode": "prefill"}.get(self.roles[wid])
@@ -113,14 +117,22 @@ class WorkerPool:
         slot.reader.start()
         threading.Thread(target=self._watch, args=(slot,), name=f"dllm-sentinel-{wid}", daemon=True).start()
 
+    def restart_ids(self, wid: int) -> list[int]:
+        """One worker, or all when they share a torch.distributed group (it cannot re-admit a member)."""
+        return list(self.slots) if self.uses_process_group else [wid]
+
     def restart(self, wid: int) -> list[int]:
-        """Restart one worker, or all when they share a torch.distributed group (it cannot re-admit a member).
-        Returns the ids restarted."""
-        ids = list(self.slots) if self.uses_process_group else [wid]
-        for i in ids:
-            self._kill(self.slots[i])
-            self.slots[i].channel.close()
-        self._start_group(ids)
+        """Restart restart_ids(wid); returns them. Blocking (it joins the old processes and waits for new ones to
+        be placed, seconds under Ray): run it off the loop. Messages to them meanwhile are dropped."""
+        with self._slots_lock:
+            ids = [i for i in self.restart_ids(wid) if i in self.slots]       # a regroup may have retired it
+            for i in ids:
+                self.slots[i].dead = True            # its death report and late batches are the old instance's
+                self._kill(self.slots[i])
+                self.slots[i].channel.close()
+            if self._stopping:
+                return []
+            self._start_group(ids)
         return ids
 
     def kill(self, wid: int) -> None:
@@ -134,7 +146,18 @@ class WorkerPool:
         return [p.pid for p in [slot.process, *slot.followers]] if slot is not None else []
 
     def send(self, wid: int, msg) -> None:
-        self.slots[wid].channel.send(msg)
+        slot = self.slots[wid]
+        if slot.dead:                        # being replaced: the new instance starts afresh
+            return
+        try:
+            slot.channel.send(msg)
+        except (OSError, ValueError) as exc:
+            # its end is gone (a lost Ray node: the pipe breaks before the death is seen); raising here would cut
+            # the scheduler's turn in half. The death report follows and resumes whatever was sent to it.
+            if not slot.send_failed:
+                slot.send_failed = True
+                log.warning("worker %d: a send failed (%s: %s); waiting for its death report", wid,
+                            type(exc).__name__, exc)
 
     def _read(self, slot: _Slot) -> None:
         _no_wakeup_preemption()
@@ -180,6 +203,8 @@ class WorkerPool:
             self.on_messages(slot.spec.worker_id, batch)
 
     def _died(self, slot: _Slot) -> None:
+        if slot.dead:                        # replaced by a restart or retired: not a new death
+            return
         slot.dead = True
         if not self._stopping and self.slots.get(slot.spec.worker_id) is slot:
             self.on_death(slot.spec.worker_id, slot.process.exitcode)
@@ -192,6 +217,10 @@ class WorkerPool:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
+        with self._slots_lock:
+            self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> None:
         for slot in self.slots.values():
             try:
                 slot.channel.send(Shutdown())
