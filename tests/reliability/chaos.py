@@ -72,6 +72,7 @@ class Run:
     requests: list[Request] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     leaked_pages: float = 0.0
+    leaked_leases: float = 0.0
     wrong_answers: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -301,6 +302,7 @@ def under_load(front: Front, seed: int, schedule: list[str], duration_s: float,
         if not quiet(front.url, 60):
             m = metrics(front.url)
             run.leaked_pages = m.get("dllm:kv_cache_usage_perc", 0.0)
+            run.leaked_leases = m.get("dllm:block_leases", 0.0)
         if reference is not None:
             run.wrong_answers = sum(1 for r in run.requests if r.fixed and r.status == 200 and not r.lost
                                     and r.text != reference[tuple(r.prompt)])
@@ -344,7 +346,7 @@ def summary(run: Run, kinds: tuple[str, ...] = KINDS) -> dict:
             "refused 503": sum(r.status == 503 for r in reqs), "lost": sum(r.lost or r.endings == 0 for r in reqs),
             "double endings": sum(r.endings > 1 for r in reqs), "wrong answers": run.wrong_answers,
             "cut short": sum(r.finish == "abort" for r in reqs),
-            "pages leaked (kv usage)": run.leaked_pages, "notes": notes}
+            "pages leaked (kv usage)": run.leaked_pages, "leases leaked": run.leaked_leases, "notes": notes}
 
 
 def print_summary(s: dict) -> None:

@@ -22,5 +22,5 @@ def test_chaos_short_form(tmp_path, figures):
     assert rows["stop_tp_rank"]["detect s (mean)"] < STALL_S + 5
     assert rows["kill_worker"]["requests affected"] + rows["kill_tp_rank"]["requests affected"] > 0
     assert s["lost"] == s["double endings"] == s["wrong answers"] == s["cut short"] == 0
-    assert s["pages leaked (kv usage)"] == 0 and s["answered"] + s["clear errors"] == s["requests"]
+    assert s["pages leaked (kv usage)"] == s["leases leaked"] == 0 and s["answered"] + s["clear errors"] == s["requests"]
     assert s["clear errors"] == s["refused 503"]            # the only errors: the queue's refusals (a burst's)

@@ -110,11 +110,11 @@ def wait_for(cond, timeout: float = 30.0, every: float = 0.05) -> bool:
 
 
 def quiet(url: str, timeout: float = 30.0) -> bool:
-    """Nothing running or waiting and every KV page back in the pool."""
+    """Nothing running or waiting, every KV page back in the pool, no block leased."""
     def idle():
         m = metrics(url)
         return (m.get("dllm:num_requests_running") == 0 and m.get("dllm:num_requests_waiting") == 0
-                and m.get("dllm:kv_cache_usage_perc") == 0)
+                and m.get("dllm:kv_cache_usage_perc") == 0 and m.get("dllm:block_leases") == 0)
     return wait_for(idle, timeout, 0.2)
 
 

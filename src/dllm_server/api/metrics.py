@@ -18,6 +18,8 @@ class EngineCollector:
         labels = ["model_name"]
         running = GaugeMetricFamily("dllm:num_requests_running", "requests with a block on a worker", labels=labels)
         waiting = GaugeMetricFamily("dllm:num_requests_waiting", "requests not yet started", labels=labels)
+        leases = GaugeMetricFamily("dllm:block_leases", "next blocks leased to the worker holding the request",
+                                   labels=labels)
         usage = GaugeMetricFamily("dllm:kv_cache_usage_perc", "used fraction of all KV pages", labels=labels)
         budget = GaugeMetricFamily("dllm:worker_iteration_tokens", "tokens fed by a worker's last iteration",
                                    labels=labels + ["worker"])
@@ -86,6 +88,7 @@ class EngineCollector:
             m = [self.model]
             running.add_metric(m, s.num_running)
             waiting.add_metric(m, s.num_waiting)
+            leases.add_metric(m, s.num_leased)
             usage.add_metric(m, s.kv_usage)
             for w in s.workers:
                 wl = m + [str(w.worker_id)]
@@ -136,7 +139,7 @@ class EngineCollector:
                         pred_err.add_metric(m + [when], v)
                 if p["step_time_rel_error"] is not None:
                     step_err.add_metric(m, p["step_time_rel_error"])
-        yield from (running, waiting, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
+        yield from (running, waiting, leases, usage, budget, deficit, tau, seats, healthy, tp_size, pages, invariant, xfer_b, xfer_s, handoffs, stall,
                     continued, cap, pred_err, step_err, ticks, tick_s, canvas, canvas_v, restarts, hangs, overflowed,
                     regroups, drains, evicted, instances, pc_hits, pc_queries, pc_pages, pc_evicted, yielded,
                     resumed)

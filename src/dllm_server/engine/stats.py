@@ -48,6 +48,7 @@ class EngineStats:
     ticks: int = 0
     tick_s: float = 0.0
     policy: dict | None = None    # the decode policy's own summary
+    num_leased: int = 0           # next blocks leased to the worker holding the request (scheduler/leases.py)
 
     @property
     def num_requests(self) -> int:
@@ -84,4 +85,5 @@ def snapshot(sched, pids: dict[int, list[int | None]]) -> EngineStats:
     n_wait = sched.requests.num_waiting
     summary = sched.policy.summary() if hasattr(sched.policy, "summary") else None
     return EngineStats(len(sched.requests) - n_wait, n_wait, len(sched.requests.pending), len(sched.handoffs.held),
-                       workers, dataclasses.replace(sched.counters), sched.theta, sched.ticks, sched.tick_s, summary)
+                       workers, dataclasses.replace(sched.counters), sched.theta, sched.ticks, sched.tick_s, summary,
+                       len(sched.requests.leased))
