@@ -369,8 +369,28 @@ async def test_the_reconfigure_endpoint_regroups_by_hand_and_refuses_clearly(tin
         assert done.status_code == 200 and done.json()["layout"] == [2], done.text
         assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
         assert (await client.get("/reconfigure")).json()["tensor_parallel_sizes"] == [2]
+        same = await client.post("/reconfigure", json={"tensor_parallel_sizes": [2]})    # done inside begin()
+        assert same.status_code == 200 and same.json()["layout"] == [2] and same.json()["stopped"] == []
         await client.aclose()
-        engine.config = config.replace(admin_endpoints=False)      # the app reads the flag when it is built
-        plain = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(engine, "tiny")), base_url="http://s")
-        assert (await plain.post("/reconfigure", json={"tensor_parallel_sizes": [2]})).status_code == 404
-        await plain.aclose()
+        for fields, path, status in (({"api_key": "k"}, "/reconfigure", 401),     # the app reads the config when
+                                      ({"admin_endpoints": False}, "/reconfigure", 404)):   # it is built
+            engine.config = config.replace(**fields)
+            other = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(engine, "tiny")),
+                                      base_url="http://s")
+            assert (await other.post(path, json={"tensor_parallel_sizes": [2]})).status_code == status
+            await other.aclose()
+
+
+async def test_a_regroup_cut_short_by_a_shutdown_tells_its_caller(tiny_llada):
+    """SIGTERM's path with no drain time while 2 x TP1 -> 1 x TP2 starts its new instance: the caller of
+    reconfigure() gets RegroupAborted (POST /reconfigure: 503), not a hang, and the shutdown returns."""
+    from dllm_server.engine.async_engine import AsyncEngine
+    from dllm_server.engine.regroups import RegroupAborted
+    config = ServerConfig(model=tiny_llada, block_length=8, dtype="float32", threads_per_worker=1, num_workers=2)
+    engine = AsyncEngine(config)
+    await engine.start(timeout_s=120)
+    regroup = asyncio.ensure_future(engine.reconfigure([2]))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(engine.shutdown(0), 60)
+    with pytest.raises(RegroupAborted, match="the server stopped during the regroup"):
+        await asyncio.wait_for(regroup, 10)

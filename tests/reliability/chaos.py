@@ -194,9 +194,15 @@ def sigterm_in_regroup(front: Front, fault: Fault, run: Run) -> None:
             asked["status"] = f"{type(exc).__name__}: {exc}"
     caller = threading.Thread(target=ask)
     caller.start()
-    if not wait_for(lambda: httpx.get(url + "/reconfigure", timeout=10, trust_env=False).json()["regroup"], 30, 0.01):
+    def regrouping() -> bool:
+        try:
+            return httpx.get(url + "/reconfigure", timeout=10, trust_env=False).json()["regroup"] is not None
+        except (httpx.HTTPError, ValueError):
+            return False
+    if not wait_for(regrouping, 30, 0.01):
         fault.failed_checks.append("the regroup never showed on GET /reconfigure")
     front.up.clear()
+    time.sleep(0.2)                              # a request the load was sending as it paused reaches the server
     fault.at = time.monotonic()
     fault.affected = sum(1 for r in run.requests if r.endings == 0 and not r.lost)
     session = os.getsid(front.server.pid)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.regroups import RegroupAborted
+from ..engine.regroups import RegroupAborted, RegroupBusy
 from .body import Limits, parse_body, read_body
 from .errors import APIError
 
@@ -32,6 +32,8 @@ class Admin:
                 Route("/reconfigure", self.reconfigure, methods=["POST"])]
 
     def _regroups(self):
+        if self.engine.dead:
+            raise APIError(500, f"engine is dead: {self.engine.dead}")
         if not self.engine.is_ready or self.engine.regroups is None:
             raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
         return self.engine.regroups
@@ -54,7 +56,7 @@ class Admin:
             result = await regroups.reconfigure(req.tensor_parallel_sizes, req.timeout_s)
         except ValueError as exc:
             raise APIError(400, str(exc).removeprefix("reconfigure: "), "tensor_parallel_sizes") from None
-        except RuntimeError as exc:                       # one regroup at a time
+        except RegroupBusy as exc:
             raise APIError(409, str(exc).removeprefix("reconfigure: ")) from None
         except TimeoutError as exc:
             raise APIError(504, str(exc).removeprefix("reconfigure: ")) from None

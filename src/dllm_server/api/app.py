@@ -24,7 +24,7 @@ from .playground import Playground
 from .routes import Routes
 
 log = logging.getLogger(__name__)
-PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")      # /tokenizer_info too (prefix)
+PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize", "/reconfigure")      # /tokenizer_info too (prefix)
 
 
 class RequestIdMiddleware:

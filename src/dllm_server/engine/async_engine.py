@@ -76,9 +76,6 @@ class AsyncEngine:
         # One thread: big prompts queue behind each other, never behind the loop (the Rust
         # tokenizer releases the GIL; a chat template yields it every switch interval).
         self.tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-tokenize")
-        # One thread, as long-lived as the engine: a worker's PR_SET_PDEATHSIG fires when the thread that
-        # spawned it exits.
-        self.restart_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-restart")
         self.watchdog = Watchdog(len(self.roles), config.worker_stall_timeout_s)
         self._watch_task: asyncio.Task | None = None
         self._death_reasons: dict[int, str] = {}
@@ -137,7 +134,6 @@ class AsyncEngine:
         if self.regroups is not None:
             self.regroups.stop_planner()
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
-        self.restart_thread.shutdown(wait=False, cancel_futures=True)
         if self.pool:
             await asyncio.get_running_loop().run_in_executor(None, self.pool.stop)
 
@@ -220,12 +216,13 @@ class AsyncEngine:
             return
         if self.config.restart_workers and not self.draining:
             ids = self.pool.restart_ids(wid)
+            self.pool.detach(ids)
             for i in ids:
                 self.watchdog.reset(i)
             self.scheduler.on_worker_lost(ids, reason)      # resumed elsewhere now, or on the restarted one
             # off the loop: joining the old processes and placing new ones takes seconds (under Ray, after a node
             # loss, 13 s), and the live workers' streams must keep flowing meanwhile
-            restart = asyncio.get_running_loop().run_in_executor(self.restart_thread, self.pool.restart, wid)
+            restart = self.pool.in_spawner(self.pool.restart, wid)
             restart.add_done_callback(functools.partial(self._restarted, wid, exitcode))
         else:
             self.dead = reason

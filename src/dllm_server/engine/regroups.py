@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Callable
@@ -19,6 +20,10 @@ log = logging.getLogger(__name__)
 
 class RegroupAborted(Exception):
     """The server shut down before the regroup finished."""
+
+
+class RegroupBusy(RuntimeError):
+    """Another regroup is running (one at a time)."""
 
 
 class ServerRegroups:
@@ -50,7 +55,7 @@ class ServerRegroups:
         for d in degrees:
             self.config.replace(tensor_parallel_size=d).check_model_heads(*self.heads)
         if self.driver.active is not None:
-            raise RuntimeError("reconfigure: a regroup is already running")
+            raise RegroupBusy("reconfigure: a regroup is already running")
         self.driver.begin(degrees, "asked")
         try:
             record = await asyncio.wait_for(asyncio.shield(self._follow()), timeout_s)
@@ -61,12 +66,21 @@ class ServerRegroups:
 
     def _follow(self) -> asyncio.Future:
         """Polls the active regroup until it finishes (one task, whoever waits or stops waiting); its record."""
-        self._done_future = done = asyncio.get_running_loop().create_future()
+        done = asyncio.get_running_loop().create_future()
+        if self.driver.active is None:           # done inside begin(): nothing to stop or start
+            done.set_result(self.driver.records[-1])
+            return done
+        self._done_future = done
 
         async def poll() -> None:
-            while not done.done():
-                self.driver.poll()
-                await asyncio.sleep(0.01)
+            try:
+                while self.driver.active is not None and not done.done():
+                    self.driver.poll()
+                    await asyncio.sleep(0.01)
+            except Exception as exc:             # the waiter (an operator, the planner) hears of it
+                log.exception("regroup failed")
+                if not done.done():
+                    done.set_exception(exc)
         self._poller = asyncio.ensure_future(poll())
         return done
 
@@ -88,7 +102,15 @@ class ServerRegroups:
             self.devices.append(())
         self.devices[slot] = tuple(self.device_list[i] for i in devices)
         self.watchdog.reset(slot)
-        self.pool.start_instance(slot)
+        started = self.pool.in_spawner(self.pool.start_instance, slot)      # off the loop: it may wait for a restart
+        started.add_done_callback(functools.partial(self._started, slot))
+
+    def _started(self, slot: int, started: asyncio.Future) -> None:
+        if started.cancelled() or started.exception() is None:
+            return
+        log.error("regroup: instance %d did not start: %r", slot, started.exception())
+        if self._done_future is not None and not self._done_future.done():
+            self._done_future.set_exception(started.exception())
 
     def start_planner(self, serving: Callable[[], bool]) -> None:
         self._planner = asyncio.ensure_future(self._plan(serving))

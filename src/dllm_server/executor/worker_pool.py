@@ -10,6 +10,7 @@ import logging
 import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..config import ServerConfig, TestHooks
@@ -49,6 +50,9 @@ class WorkerPool:
         self.starts: dict[int, int] = {}
         self._stopping = False
         self._slots_lock = threading.RLock()     # restarts run off the loop: stop and regroups wait for them
+        # Restarts and a regroup's new instances are spawned off the loop, from one thread as long-lived as the
+        # pool: a worker's PR_SET_PDEATHSIG fires when the thread that spawned it exits.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-spawn")
         # Leave a core to the front: OpenMP threads that lose their core spin at barriers (docs/benchmarks.md §3).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         degrees = [len(d) for d in devices]
@@ -77,7 +81,9 @@ class WorkerPool:
     def start_instance(self, wid: int) -> None:
         """A regroup's new instance in slot `wid`, on `devices[wid]` (its degree is their number)."""
         with self._slots_lock:
-            self._start(wid, ("127.0.0.1", 0), [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))])
+            if not self._stopping:
+                handles = [self.launcher.create(wid, r) for r in range(len(self.devices[wid]))]
+                self._start(wid, ("127.0.0.1", 0), handles)
 
     def retire(self, wid: int, timeout_s: float = 30.0) -> None:
         """Stop one instance for good (a regroup); blocking. Not reported as a death: the slot is gone first."""
@@ -121,13 +127,24 @@ class WorkerPool:
         """One worker, or all when they share a torch.distributed group (it cannot re-admit a member)."""
         return list(self.slots) if self.uses_process_group else [wid]
 
+    def detach(self, ids: list[int]) -> None:
+        """On the loop, before their requests are resumed: nothing more from these instances is delivered (a live
+        member of a restarting group must not report a block the front has already taken back), their deaths are
+        no new deaths, messages to them are dropped."""
+        for i in ids:
+            if i in self.slots:
+                self.slots[i].dead = True
+
+    def in_spawner(self, fn, *args) -> asyncio.Future:
+        return self.loop.run_in_executor(self._spawner, fn, *args)
+
     def restart(self, wid: int) -> list[int]:
         """Restart restart_ids(wid); returns them. Blocking (it joins the old processes and waits for new ones to
         be placed, seconds under Ray): run it off the loop. Messages to them meanwhile are dropped."""
         with self._slots_lock:
             ids = [i for i in self.restart_ids(wid) if i in self.slots]       # a regroup may have retired it
             for i in ids:
-                self.slots[i].dead = True            # its death report and late batches are the old instance's
+                self.slots[i].dead = True            # detach() did it on the loop; a direct call needs it here
                 self._kill(self.slots[i])
                 self.slots[i].channel.close()
             if self._stopping:
@@ -153,11 +170,11 @@ class WorkerPool:
             slot.channel.send(msg)
         except (OSError, ValueError) as exc:
             # its end is gone (a lost Ray node: the pipe breaks before the death is seen); raising here would cut
-            # the scheduler's turn in half. The death report follows and resumes whatever was sent to it.
+            # the scheduler's turn in half. Killed, so that its death report comes and resumes what was sent to it.
             if not slot.send_failed:
                 slot.send_failed = True
-                log.warning("worker %d: a send failed (%s: %s); waiting for its death report", wid,
-                            type(exc).__name__, exc)
+                log.warning("worker %d: a send failed (%s: %s); killing it", wid, type(exc).__name__, exc)
+                self.kill(wid)
 
     def _read(self, slot: _Slot) -> None:
         _no_wakeup_preemption()
@@ -219,6 +236,7 @@ class WorkerPool:
         self._stopping = True
         with self._slots_lock:
             self._stop(timeout_s)
+        self._spawner.shutdown(wait=False, cancel_futures=True)     # after the workers it spawned have stopped
 
     def _stop(self, timeout_s: float) -> None:
         for slot in self.slots.values():
