@@ -62,7 +62,7 @@ class Fault:
     affected: int = 0
     detect_s: float | None = None
     recover_s: float | None = None
-    leaked_processes: int = 0     # processes of a stopped server's session still running after it exited
+    leaked_processes: int | None = None     # processes of a stopped server's session left after it exited
     failed_checks: list[str] = field(default_factory=list)     # what this kind must also show, where it did not
     note: str = ""
 
@@ -340,11 +340,12 @@ def summary(run: Run, kinds: tuple[str, ...] = KINDS) -> dict:
         fs = [f for f in run.faults if f.kind == kind]
         detect = [f.detect_s for f in fs if f.detect_s is not None]
         recover = [f.recover_s for f in fs if f.recover_s is not None]
+        leaks = [f.leaked_processes for f in fs if f.leaked_processes is not None]
         rows.append({"fault": kind, "injected": len(fs), "requests affected": sum(f.affected for f in fs),
                      "detect s (mean)": round(statistics.mean(detect), 2) if detect else None,
                      "recover s (max)": round(max(recover), 2) if recover else None,
                      "not recovered": sum(f.recover_s is None for f in fs),
-                     "processes leaked": sum(f.leaked_processes for f in fs),
+                     "processes leaked": sum(leaks) if leaks else None,                 # None: not checked
                      "failed checks": [c for f in fs for c in f.failed_checks]})
     notes = [f"{f.kind} at {f.at - run.started:.0f} s: {f.note}" for f in run.faults if f.note]
     return {"faults": rows, "requests": len(reqs), "answered": sum(r.status == 200 and not r.error for r in reqs),

@@ -18,9 +18,11 @@ def test_chaos_short_form(tmp_path, figures):
     rows = {r["fault"]: r for r in s["faults"]}
     assert [rows[k]["injected"] for k in KINDS] == [1] * len(KINDS)
     assert all(r["not recovered"] == 0 and r["recover s (max)"] < 60 for r in s["faults"])
-    assert all(r["processes leaked"] == 0 and r["failed checks"] == [] for r in s["faults"]), s["faults"]
+    assert all(r["processes leaked"] in (0, None) and r["failed checks"] == [] for r in s["faults"]), s["faults"]
+    assert rows["sigterm_in_regroup"]["processes leaked"] == 0
     assert rows["stop_tp_rank"]["detect s (mean)"] < STALL_S + 5
     assert rows["kill_worker"]["requests affected"] + rows["kill_tp_rank"]["requests affected"] > 0
     assert s["lost"] == s["double endings"] == s["wrong answers"] == s["cut short"] == 0
-    assert s["pages leaked (kv usage)"] == s["leases leaked"] == 0 and s["answered"] + s["clear errors"] == s["requests"]
+    assert s["pages leaked (kv usage)"] == s["leases leaked"] == 0
+    assert s["answered"] + s["clear errors"] == s["requests"]
     assert s["clear errors"] == s["refused 503"]            # the only errors: the queue's refusals (a burst's)

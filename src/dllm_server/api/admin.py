@@ -14,6 +14,10 @@ from ..engine.async_engine import AsyncEngine
 from ..engine.regroups import RegroupAborted, RegroupBusy
 from .body import Limits, parse_body, read_body
 from .errors import APIError
+from .routes import check_serving
+
+# reconfigure()'s refusals and failures, as HTTP statuses
+STATUSES = ((ValueError, 400), (RegroupBusy, 409), (TimeoutError, 504), (RegroupAborted, 503))
 
 
 class ReconfigureRequest(BaseModel):
@@ -31,15 +35,9 @@ class Admin:
         return [Route("/reconfigure", self.status, methods=["GET"]),
                 Route("/reconfigure", self.reconfigure, methods=["POST"])]
 
-    def _regroups(self):
-        if self.engine.dead:
-            raise APIError(500, f"engine is dead: {self.engine.dead}")
-        if not self.engine.is_ready or self.engine.regroups is None:
-            raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
-        return self.engine.regroups
-
     async def status(self, request: Request) -> Response:
-        driver = self._regroups().driver
+        check_serving(self.engine, draining_ok=True)
+        driver = self.engine.regroups.driver
         rg = driver.active
         active = None if rg is None else {"from": rg.current.degrees(), "to": rg.target.degrees(),
                                           "why": driver.record.why, "wave": rg.wave + 1, "waves": len(rg.waves),
@@ -48,18 +46,13 @@ class Admin:
                              "regroups_done": len(driver.records)})
 
     async def reconfigure(self, request: Request) -> Response:
-        regroups = self._regroups()
+        check_serving(self.engine, draining_ok=True)
         req = parse_body(await read_body(request, self.limits), ReconfigureRequest)
-        if self.engine.draining:
-            raise APIError(503, "server is shutting down", headers={"Retry-After": "5"})
+        check_serving(self.engine)
         try:
-            result = await regroups.reconfigure(req.tensor_parallel_sizes, req.timeout_s)
-        except ValueError as exc:
-            raise APIError(400, str(exc).removeprefix("reconfigure: "), "tensor_parallel_sizes") from None
-        except RegroupBusy as exc:
-            raise APIError(409, str(exc).removeprefix("reconfigure: ")) from None
-        except TimeoutError as exc:
-            raise APIError(504, str(exc).removeprefix("reconfigure: ")) from None
-        except RegroupAborted as exc:
-            raise APIError(503, str(exc).removeprefix("reconfigure: ")) from None
+            result = await self.engine.regroups.reconfigure(req.tensor_parallel_sizes, req.timeout_s)
+        except tuple(t for t, _ in STATUSES) as exc:
+            status = next(s for t, s in STATUSES if isinstance(exc, t))
+            raise APIError(status, str(exc).removeprefix("reconfigure: "),
+                           "tensor_parallel_sizes" if status == 400 else None) from None
         return JSONResponse(result)

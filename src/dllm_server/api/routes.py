@@ -30,6 +30,16 @@ from .stream_guard import GuardedStreamingResponse
 log = logging.getLogger(__name__)
 
 
+def check_serving(engine: AsyncEngine, draining_ok: bool = False) -> None:
+    """500 once the engine is dead, 503 while it starts or (unless `draining_ok`) drains."""
+    if engine.dead:
+        raise APIError(500, f"engine is dead: {engine.dead}")
+    if engine.draining and not draining_ok:
+        raise APIError(503, "server is shutting down", headers={"Retry-After": "5"})
+    if not engine.is_ready:
+        raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
+
+
 class Routes:
     def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics):
         self.engine = engine
@@ -50,12 +60,7 @@ class Routes:
         return req
 
     def _check_serving(self) -> None:
-        if self.engine.dead:
-            raise APIError(500, f"engine is dead: {self.engine.dead}")
-        if self.engine.draining:
-            raise APIError(503, "server is shutting down", headers={"Retry-After": "5"})
-        if not self.engine.is_ready:
-            raise APIError(503, "engine is starting", headers={"Retry-After": "2"})
+        check_serving(self.engine)
 
     def _check_admission(self) -> None:
         """Before the body is parsed or tokenized: under overload a refusal must cost next to

@@ -238,9 +238,10 @@ class AsyncEngine:
             self.watchdog.reset(wid)
             asyncio.get_running_loop().call_later(RESTART_RETRY_S, self._retry_restart, wid, exitcode)
             return
-        for i in restart.result():
+        ids = restart.result()            # [] when the pool stopped meanwhile
+        for i in ids:
             self.watchdog.reset(i)
-        if restart.result():
+        if ids:
             self.scheduler.counters.worker_restarts += 1
 
     def _retry_restart(self, wid: int, exitcode) -> None:

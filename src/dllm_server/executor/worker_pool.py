@@ -139,12 +139,11 @@ class WorkerPool:
         return self.loop.run_in_executor(self._spawner, fn, *args)
 
     def restart(self, wid: int) -> list[int]:
-        """Restart restart_ids(wid); returns them. Blocking (it joins the old processes and waits for new ones to
-        be placed, seconds under Ray): run it off the loop. Messages to them meanwhile are dropped."""
+        """Restart restart_ids(wid), detach()ed first on the loop; returns them. Blocking (it joins the old
+        processes and waits for new ones to be placed, seconds under Ray): run it in_spawner."""
         with self._slots_lock:
             ids = [i for i in self.restart_ids(wid) if i in self.slots]       # a regroup may have retired it
             for i in ids:
-                self.slots[i].dead = True            # detach() did it on the loop; a direct call needs it here
                 self._kill(self.slots[i])
                 self.slots[i].channel.close()
             if self._stopping:
