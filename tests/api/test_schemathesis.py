@@ -18,8 +18,8 @@ from dllm_server.model.tiny import make_tiny_model
 from .conftest import start_server
 
 BIN = Path(sys.executable).parent / "st"
-# 60 examples an operation and run: three runs (180) where the suite had one of 120 before issue 32;
-# the issue's own command (120 each, three seeds) is in README.md ("Talk to it") with its result
+# 60 examples an operation and run: two runs (120, the suite's time budget); the issue's own command
+# (120 examples, seeds 1, 2 and 3) is in README.md ("Talk to it") with its result
 MAX_LEN, BLOCK, CHAT_MAX, EXAMPLES = 192, 8, 24, 60
 
 
@@ -33,10 +33,10 @@ def st_server(tmp_path_factory):
     s.stop()
 
 
-@pytest.mark.parametrize("seed", [None, 101, 202], ids=["derandomized", "seed101", "seed202"])
+@pytest.mark.parametrize("seed", [None, 101], ids=["derandomized", "seed101"])
 def test_schemathesis_finds_nothing(st_server, tmp_path, seed):
-    """Derandomized (the same cases every run) and two seeded runs: other seeds find other classes
-    of requests (the steps range was found by a seed the derandomized run never generates)."""
+    """Derandomized (the same cases every run) and a seeded run: other seeds find other classes of
+    requests (the steps range was found by a seed the derandomized run never generates)."""
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks", "DLLM_ST_SERVER": st_server.url,
            "DLLM_ST_MAX_LEN": str(MAX_LEN), "DLLM_ST_BLOCK": str(BLOCK), "DLLM_ST_CHAT_MAX": str(CHAT_MAX),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}

@@ -281,10 +281,10 @@ def _policy_on_one_worker():
     return SLOPolicy(config, _TauForwards(), load, clock=lambda: 0.0)
 
 
-def _request(name: str, slo_ms: float):
+def _request(name: str, slo_ms: float, max_tokens: int = 32):
     from dllm_server.decoding.params import SamplingParams
     from dllm_server.request.state import RequestState
-    sp = SamplingParams(max_tokens=32, slo_ms=slo_ms)
+    sp = SamplingParams(max_tokens=max_tokens, slo_ms=slo_ms)
     st = RequestState(name, None, [1, 2, 3], sp, sp.resolve(8, 1), 0, (9,), 0)
     st.arrived_at = 0.0
     return st
@@ -303,3 +303,44 @@ def test_a_loose_request_gives_up_its_raise_to_a_tight_one_beside_it(slo_ms_of_t
     if slo_ms_of_the_other == 10:
         assert margin < 0 and policy.is_hopeless("tight")          # it misses anyway: nothing to protect
     assert loose.threshold == expected
+
+
+@pytest.mark.parametrize("typical_need, expected", [(0.7, 0.5), (0.5, 0.95)])
+def test_no_raise_while_the_typical_admission_barely_fits_alone_at_the_floor(typical_need, expected):
+    from dllm_server.policy.slo import CALIBRATION_MIN, TIGHT_MEDIAN
+    policy = _policy_on_one_worker()
+    first = _request("first", 1_000)
+    policy.block_policies([(first, 0)])
+    [need] = policy.floor_needs                  # its predicted latency alone at the floor / its SLO
+    assert 0 < need < 0.1
+    policy.floor_needs.extend([typical_need] * CALIBRATION_MIN)
+    policy.work.clear()                          # the first one gone: nothing else on the worker
+    assert policy.too_tight == (typical_need > TIGHT_MEDIAN)
+    [loose] = policy.block_policies([(_request("loose", 60_000), 0)])
+    assert loose.threshold == expected
+
+
+@pytest.mark.parametrize("block_causal, max_tokens, sizes", [
+    (False, 17, (8, 8, 1)), (False, 16, (8, 8)), (False, 3, (3,)),
+    (True, 17, (5, 8, 4)), (True, 3, (3,))])          # block-causal: the first block holds the prompt's tail
+def test_progress_counts_the_positions_each_block_must_commit(block_causal, max_tokens, sizes):
+    from dllm_server.decoding.params import SamplingParams
+    from dllm_server.policy.progress import Progress
+    from dllm_server.request.state import RequestState
+    sp = SamplingParams(max_tokens=max_tokens)
+    st = RequestState("r", None, [1, 2, 3], sp, sp.resolve(8, 1, 8 if block_causal else None), 0, (9,), 0)
+    p = Progress.start(st)
+    assert p.block_sizes == sizes and p.masked_in_block == sizes[0]
+    for k in range(1, len(sizes)):
+        p.end_block(3)
+        assert p.masked_in_block == sizes[k]
+
+
+def test_a_short_last_block_is_priced_by_its_positions():
+    policy = _policy_on_one_worker()
+    policy.block_forwards = {0.95: 8.0, 0.9: 6.0, 0.8: 5.0, 0.7: 4.0, 0.6: 3.0, 0.5: 2.0}   # as blocks ran
+    full, short = _request("full", 60_000, max_tokens=24), _request("short", 60_000, max_tokens=17)
+    policy.block_policies([(full, 0), (short, 0)])
+    per_block = np.asarray([8.0, 6.0, 5.0, 4.0, 3.0, 2.0])
+    assert policy.work["full"] == pytest.approx(3 * per_block)                 # three blocks of eight
+    assert policy.work["short"] == pytest.approx(2 * per_block + 1.0)          # the third commits one position

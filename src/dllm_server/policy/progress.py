@@ -24,6 +24,7 @@ class Progress:
     block_length: int
     num_blocks: int
     stop_ids: frozenset
+    block_sizes: tuple[int, ...] = ()  # positions to commit per block: the first and last may be short
     block_index: int = 0
     step: int = 0                      # forwards of the current block so far
     masked_in_block: int = 0
@@ -39,9 +40,16 @@ class Progress:
     @classmethod
     def start(cls, st: RequestState) -> "Progress":
         p = st.params
+        limit = min(p.max_tokens, st.answer_len)      # the request ends once these are committed
+        sizes = tuple(max(1, min(end - st.prompt_len, limit) - max(0, start - st.prompt_len))
+                      for start, end in (p.block_bounds(st.prompt_len, k) for k in range(st.num_blocks)))
         return cls(st.prompt_len, p.max_tokens, p.block_length, st.num_blocks,
-                   frozenset(() if p.ignore_eos else st.stop_ids), masked_in_block=p.block_length,
-                   answer_masked=st.answer_len)
+                   frozenset(() if p.ignore_eos else st.stop_ids), sizes,
+                   masked_in_block=sizes[0] if sizes else p.block_length, answer_masked=st.answer_len)
+
+    def block_fraction(self, k: int) -> float:
+        """Block k's answer positions over the block length (1 past the end)."""
+        return self.block_sizes[k] / self.block_length if k < len(self.block_sizes) else 1.0
 
     def observe(self, delta: StepDelta, st: RequestState) -> None:
         if delta.block_index != self.block_index:
@@ -63,7 +71,7 @@ class Progress:
         self.finished_blocks.append(num_steps)
         self.block_index += 1
         self.step = 0
-        self.masked_in_block = self.block_length
+        self.masked_in_block = round(self.block_fraction(self.block_index) * self.block_length)
         self.summary = ()
         self.updated = True
 

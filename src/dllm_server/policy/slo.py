@@ -18,7 +18,7 @@ from .load_control import LoadController, arrival_rate, demand_rate
 from ..costmodel.worker_speed import WorkerLoadModel
 from .progress import Progress, candidate_rows, feature_row
 from ..costmodel.work_ahead import Others, queued_seconds
-from .thresholds import (allowed, allowed_mask, choose_indices, forwards_per_block, lowest_allowed,
+from .thresholds import (allowed, allowed_mask, choose_indices, forwards_per_block, lowest_allowed, price_blocks,
                          remaining_seconds)
 
 CONTROL_INTERVAL_S = 0.2
@@ -29,6 +29,7 @@ ARRIVAL_WINDOWS_S = (1.0, 5.0)
 OTHERS_REFRESH_S = 0.02
 CALIBRATION_QUANTILE = 0.85      # of finished requests' actual / predicted latency: the factor predictions are scaled by
 CALIBRATION_MIN = 20            # finished requests before the factor applies
+TIGHT_MEDIAN = 0.6      # no raise while the median admission needs more of its SLO than this alone at the floor
 
 
 class SLOPolicy(StaticPolicy):
@@ -58,6 +59,7 @@ class SLOPolicy(StaticPolicy):
         self.chosen: dict[str, int] = {}
         self.hopeless: set[str] = set()       # no allowed threshold predicted to meet the SLO at the last decision
         self.margins: dict[str, float] = {}   # SLO budget left over at the last decision (s; inf without an SLO)
+        self.floor_needs: collections.deque = collections.deque(maxlen=256)   # admissions' SLO share alone at floor
         self.new_work: np.ndarray | None = None
         self.blocks_per_request = 1.0
         self.block_forwards: dict[float, float] = {}
@@ -86,6 +88,12 @@ class SLOPolicy(StaticPolicy):
         if len(self.latency_ratios) < CALIBRATION_MIN:
             return 1.0
         return float(np.clip(np.quantile(self.latency_ratios, CALIBRATION_QUANTILE), 0.5, 4.0))
+
+    @property
+    def too_tight(self) -> bool:
+        """The SLOs leave the typical request so little to spare even with a worker to itself at the floor that any
+        raise delays someone who then misses (docs/slo.md "Tight SLOs")."""
+        return len(self.floor_needs) >= CALIBRATION_MIN and float(np.median(self.floor_needs)) > TIGHT_MEDIAN
 
     def is_hopeless(self, request_id: str) -> bool:
         return request_id in self.hopeless
@@ -210,11 +218,13 @@ class SLOPolicy(StaticPolicy):
         r, n = len(items), len(cands)
         current = np.asarray(current)
         fut, fut_blocks = pred["fut_forwards"].reshape(r, n), pred["fut_blocks"].reshape(r, n)
-        per_block = forwards_per_block(cands, self.block_forwards) if self.predictor.name == "simple" else None
-        if per_block is not None:     # the estimator prices later blocks alike at every threshold: not so
-            fut = fut_blocks * per_block[None, :]
         block_rem = np.where(current[:, None], pred["block_rem"].reshape(r, n), cur["block_rem"][:, None])
         starting = np.asarray([c and p.step == 0 for c, p in zip(current, progs)])
+        per_block = forwards_per_block(cands, self.block_forwards) if self.predictor.name == "simple" else None
+        if per_block is not None:     # the estimator prices blocks alike at every threshold: not so
+            last = np.asarray([p.block_fraction(p.num_blocks - 1) for p in progs])
+            here = np.asarray([p.block_fraction(k) for p, (_, k) in zip(progs, items)])
+            fut, block_rem = price_blocks(per_block, fut_blocks, block_rem, starting, here, last)
         work = block_rem + fut
         # an unstarted block begins with a recompute step; a block-causal request recomputes only its prefill
         causal = np.asarray([st.params.block_causal for st, _ in items])
@@ -222,8 +232,9 @@ class SLOPolicy(StaticPolicy):
         recomputes = np.where(causal[:, None], (starting & first)[:, None] * 1.0, fut_blocks + starting[:, None])
         secs, bound, alone, spill, room = self._seconds(items, work, recomputes, block_rem, fut, fut_blocks)
         scale = self.latency_scale
+        spares = (scale * spill <= room[:, None]) & (not self.too_tight)
         pick = choose_indices(cands, scale * secs, np.asarray(budgets), self.cap, self.floor, self.default, self.slack,
-                              alone, spares=scale * spill <= room[:, None])
+                              alone, spares=spares)
         # hopeless only when even the worker to itself could not make it: the queue estimate errs under load
         meets = (allowed_mask(cands, self.cap, self.floor) & (bound <= np.asarray(budgets)[:, None])).any(axis=1)
         out = []
@@ -244,6 +255,7 @@ class SLOPolicy(StaticPolicy):
                 self.arrivals.append(now)
                 self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
                 if np.isfinite(budgets[i]):
+                    self.floor_needs.append(float(bound[i, -1] / max(budgets[i], 1e-9)))
                     self.classes.append((budgets[i], work[i].copy(), float(recomputes[i].max()),
                                          st.prompt_len + st.answer_len))
             remaining = float(work[i, j])

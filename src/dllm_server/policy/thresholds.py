@@ -24,6 +24,16 @@ def forwards_per_block(candidates: tuple[float, ...], observed: dict[float, floa
     return out
 
 
+def price_blocks(per_block: np.ndarray, fut_blocks: np.ndarray, block_rem: np.ndarray, starting: np.ndarray,
+                 current_frac: np.ndarray, last_frac: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([R, C] forwards of the later blocks, [R, C] of the current one): each block at per_block [C], the forwards
+    blocks took at each candidate, a short one (the last; a block-causal first) in proportion to its positions
+    (`*_frac` [R]: positions / block length), never under one forward; a started current block keeps block_rem."""
+    last = np.maximum(1.0, last_frac[:, None] * per_block)
+    fut = np.where(fut_blocks >= 1, (fut_blocks - 1) * per_block + last, 0.0)
+    return fut, np.where(starting[:, None], np.maximum(1.0, current_frac[:, None] * per_block), block_rem)
+
+
 def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[float, ...]:
     """Candidates (highest first) between the quality floor and the cap; never empty: the floor's nearest survives."""
     ok = tuple(c for c in candidates if floor <= c <= cap)
