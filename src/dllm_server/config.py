@@ -115,9 +115,8 @@ class DecodeConfig(_Section):
                                 "its worker, never while load control caps thresholds (docs/slo.md)", ge=0.0, lt=1.0)
     load_control: bool = _f(True, "slo policy: cap every request's threshold when the worst-case load would "
                             "exceed the cluster's capacity")
-    load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the "
-                            "workers can run within the SLO (headroom for bursts of Poisson-like arrivals)",
-                            ge=0.1, le=1.0)
+    load_target: float = _f(0.7, "load control keeps the needed forward rate within this share of what the workers can "
+                            "run within the SLO (headroom for bursts of Poisson-like arrivals)", ge=0.1, le=1.0)
     step_predictor: str | None = _f(None, "step predictor artefact (JSON); none: step_predictor.json in the model "
                                     "folder when present, else the simple estimator")
     seed: int = _f(0, "seed for requests that give none")
@@ -136,8 +135,9 @@ class SchedulingConfig(_Section):
     page_size: int = _f(16, "tokens per KV page", ge=1)
     num_pages: int | None = _f(None, "KV pages per worker; none = sized from kv_cache_tokens", ge=1)
     kv_cache_tokens: int = _f(65536, "KV capacity per worker in tokens when num_pages is not set (CPU)", ge=1)
-    routing: str = _f("load", "colocated: route each block to the worker with the fewest outstanding prefill tokens "
-                      "(load) or the earliest predicted completion (completion)", choices=("load", "completion"))
+    routing: str = _f("load", "colocated: a block to the fewest outstanding prefill tokens (load), the earliest "
+                      "predicted completion (completion), or that of the slowest instances fitting its SLO (slo-class)",
+                      choices=("load", "completion", "slo-class"))
     scheduling_policy: str = _f("deadline", "the order a worker admits waiting prefills and re-prefills in: fcfs "
                                 "(arrival) or deadline (earliest SLO deadline first; a request that can no longer meet "
                                 "its SLO yields; docs/slo.md)", choices=("fcfs", "deadline"))
@@ -307,7 +307,7 @@ class ServerConfig(DebugConfig, HTTPConfig, ClusterConfig, SchedulingConfig, Dec
         return WorkerConfig(self.dtype, self.attention_backend, self.enforce_eager, self.block_length, self.cache,
                             self.page_size, self.pages_per_worker, self.worker_policy(),
                             self.candidate_thresholds if summarise else None,
-                            self.threshold_policy == "slo" or self.routing == "completion",
+                            self.threshold_policy == "slo" or self.routing != "load",
                             dream_decoding=self.dream_decoding, cpu_kernel_cache_entries=self.cpu_kernel_cache_entries,
                             malloc_trim_s=self.worker_malloc_trim_s, malloc_hold_mb=self.cpu_malloc_hold_mb,
                             fixed_matmul_rows=self.fixed_matmul_rows, block_causal_finalise=self.block_causal_finalise,

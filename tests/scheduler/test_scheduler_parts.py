@@ -266,6 +266,29 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
     assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]
 
 
+def test_slo_class_keeps_the_fast_instances_for_the_requests_that_need_them():
+    from dllm_server.scheduler.placement import slo_class
+    completion = {0: 0.10, 1: 0.11, 2: 0.30, 3: 0.31}       # 0, 1 fast; 2, 3 three times slower
+    alone = {0: 0.10, 1: 0.10, 2: 0.30, 3: 0.28}            # 2 and 3 within CLASS_TIE: one class
+    assert slo_class(completion, alone, float("inf")) == {2, 3}        # no SLO: the slow class
+    assert slo_class(completion, alone, 1.0) == {2, 3}                 # loose: 0.31 <= 0.5 x 1.0
+    assert slo_class(completion, alone, 0.4) == {0, 1}                 # tight: only the fast fit half of 0.4
+    assert slo_class(completion, alone, 0.1) == {0, 1, 2, 3}           # fits nowhere: the sooner of them all
+    busy = {**completion, 0: 0.25, 1: 0.25}                            # the fast ones queued past the budget
+    assert slo_class(busy, alone, 0.4) == {0, 1, 2, 3}
+
+
+def test_slo_class_routing_sends_a_loose_request_to_the_slow_worker_and_a_tight_one_to_the_fast():
+    s, sent, _ = make(["colocated", "colocated"], routing="slo-class")
+    fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
+    s.load.seed(0, [(d, k, p, q, 3 * t) for d, k, p, q, t in fast])
+    s.load.seed(1, fast)
+    s.add(request("loose", slo_ms=60_000))
+    s.add(request("tight", seq=1, slo_ms=60))         # 3 blocks: 20 ms a block, the fast one takes ~5 ms
+    s.add(request("none", seq=2))
+    assert [w for w, _ in of(sent, SubmitBlock)] == [0, 1, 0]
+
+
 def test_routing_ties_go_to_the_worker_running_fewest_requests():
     from dllm_server.scheduler.placement import WorkerLoad, pick_by_completion, pick_prefill_worker
     # no prefill queued anywhere (every idle worker reads 0): the fewest running requests, not the lowest id

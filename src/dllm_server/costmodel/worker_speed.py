@@ -100,6 +100,13 @@ class WorkerLoadModel:
         canvas = state.prompt_len + state.answer_len
         return {w: self.completion_s(w, canvas, forwards, (outstanding or {}).get(w)) for w in workers}
 
+    def alone_estimates(self, workers, state) -> dict[int, float]:
+        """Seconds of the next block per worker with nothing else there: how fast an instance is, not how busy."""
+        done = state.stats.steps_per_block
+        forwards = sum(done) / len(done) if done else state.params.block_length / 2
+        canvas = state.prompt_len + state.answer_len
+        return {w: forwards * self.models[w].predict(features(self.block_length, canvas)) for w in workers}
+
     def unit_costs(self, w: int) -> UnitCosts | None:
         """`w`'s UnitCosts from its step-time model; None before it has one."""
         m = self.models.get(w)

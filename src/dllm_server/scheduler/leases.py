@@ -2,13 +2,14 @@
 it there anyway (the canvas stays resident; no re-dispatch round trip)."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..costmodel.worker_speed import WorkerLoadModel
 from ..decoding.params import BlockPolicy
 from ..messages import ContinueBlock, Evict
 from ..policy.base import DecodePolicy
-from .placement import WorkerLoad, keeps_request
+from .placement import WorkerLoad, keeps_request, slo_class
 from .request_table import Entry, RequestTable
 from .worker_table import WorkerTable
 
@@ -18,19 +19,30 @@ class Leases:
 
     def __init__(self, placement: str, routing: str, workers: WorkerTable, requests: RequestTable,
                  load: WorkerLoadModel, policy: DecodePolicy, send: Callable[[int, object], None],
-                 ordered: Callable[[Entry, BlockPolicy], BlockPolicy]):
-        self.by_completion = routing == "completion" and placement == "colocated"
+                 ordered: Callable[[Entry, BlockPolicy], BlockPolicy], clock: Callable[[], float]):
+        self.by_completion = routing in ("completion", "slo-class") and placement == "colocated"
+        self.by_class = routing == "slo-class" and placement == "colocated"
+        self.clock = clock
         self.placement, self.workers, self.requests = placement, workers, requests
         self.load, self.policy, self.send, self.ordered = load, policy, send, ordered
         self.pending: list[tuple[Entry, int, int]] = []      # (entry, worker, block)
 
     def completion(self, entry: Entry, loads: list[WorkerLoad] | None = None) -> dict[int, float] | None:
-        """Predicted completion of the next block per worker (routing = completion)."""
-        if self.by_completion:
-            loads = loads or self.workers.loads()
-            return self.load.completion_estimates(range(len(self.workers)), entry.state,
-                                                  {w.worker_id: w.outstanding_prefill_tokens for w in loads})
-        return None
+        """Predicted completion of the next block per worker (routing = completion), of the workers its SLO class
+        may use (routing = slo-class)."""
+        if not self.by_completion:
+            return None
+        loads = loads or self.workers.loads()
+        st = entry.state
+        est = self.load.completion_estimates(range(len(self.workers)), st,
+                                             {w.worker_id: w.outstanding_prefill_tokens for w in loads})
+        if not self.by_class:
+            return est
+        slo = st.sampling.slo_ms
+        left = math.inf if slo is None else slo / 1e3 - (self.clock() - st.arrived_at)
+        per_block = left / max(1, st.num_blocks - st.block_index)
+        keep = slo_class(est, self.load.alone_estimates(est, st), per_block)
+        return {w: c for w, c in est.items() if w in keep}
 
     def keeps(self, entry: Entry, wid: int, loads: list[WorkerLoad] | None = None) -> bool:
         """Would the router run the request's next block on `wid`, where its current one runs?"""

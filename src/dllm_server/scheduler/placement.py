@@ -68,6 +68,23 @@ def pick_by_completion(loads: list[WorkerLoad], completion_s: dict[int, float], 
     return _least_outstanding([w for w in fit if completion_s[w.worker_id] <= best * (1 + COMPLETION_TIE)])
 
 
+# SLO-class routing (DiLaServe): a block goes to the slowest class of instance that still finishes it within this share
+# of the request's budget per block left, so the faster instances stay free for the requests that need them; instances
+# whose block alone takes within CLASS_TIE of the slowest's are one class.
+SLO_FIT, CLASS_TIE = 0.5, 0.2
+
+
+def slo_class(completion_s: dict[int, float], alone_s: dict[int, float], block_budget_s: float) -> set[int]:
+    """The workers SLO-class routing may send a block to: of those whose predicted completion fits SLO_FIT of
+    `block_budget_s` (inf: no SLO), the slowest class by `alone_s` (the block on the idle worker); all when none fits,
+    so a request that fits nowhere goes where it finishes first."""
+    fits = [w for w, c in completion_s.items() if c <= SLO_FIT * block_budget_s]
+    if not fits:
+        return set(completion_s)
+    slowest = max(alone_s[w] for w in fits)
+    return {w for w in fits if alone_s[w] * (1 + CLASS_TIE) >= slowest}
+
+
 def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_needed: int,
                   completion_s: dict[int, float] | None = None) -> bool:
     """Would the router run the next block where the current one runs (colocated only; ties stay put)?
@@ -76,7 +93,7 @@ def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_n
         return False
     fit = [w for w in loads if w.available and w.num_pages >= pages_needed]
     here = next((w for w in fit if w.worker_id == current), None)
-    if here is None:
+    if here is None or (completion_s is not None and current not in completion_s):
         return False
     if completion_s is not None:
         return all(completion_s[current] <= (1 + COMPLETION_TIE) * completion_s.get(w.worker_id, float("inf"))

@@ -61,7 +61,7 @@ class Scheduler:
         self.trace: collections.deque = collections.deque(maxlen=20000)   # (at, LoadReport) per iteration
         self.ticks, self.tick_s = 0, 0.0
         self.leases = Leases(config.placement, config.routing, self.workers, self.requests, self.load, policy, send,
-                             self.ordered)
+                             self.ordered, clock)
         self.order, self._reordered_at = config.scheduling_policy, -1e9
         self.failure: str | None = None
         # an observing policy decides a turn's arrivals together: one at a time, a burst's first iteration

@@ -155,7 +155,7 @@ class Simulator:
             policy, load = self._policy(config)
         else:       # a given SLOPolicy's step-time models are the scheduler's, as in AsyncEngine
             load = getattr(policy, "load", None)
-        if load is None and config.routing != "completion" and not policy.observes:
+        if load is None and config.routing == "load" and not policy.observes:
             load = _Unread(config.block_length)
         self.scheduler = Scheduler(config, self.roles, None, self._send, policy, clock=self.clock, load=load)
         self.fill_id = next(i for i in range(3, 1 << 20) if i not in (model.mask_id, model.eos_id))
