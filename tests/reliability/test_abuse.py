@@ -58,10 +58,11 @@ def _while_probed(server, send, sustain_s: float = 0.0) -> tuple[object, float, 
 
 
 def _within_2x(during: list[float], base: float) -> bool:
-    """The other clients' median latency during the abuse within 2x its unloaded value (5 ms of
-    slack for the clock's and the scheduler's granularity); the max is recorded, not asserted:
-    on a shared 2-core machine one request in a few dozen can lose its core to anything."""
-    return not during or statistics.median(during) <= 2 * base + 0.005
+    """The other clients' median latency during the abuse within 2x its unloaded value, with 25 ms of slack: with
+    an 11-ms probe one request that lost its core to the test's own client (34 ms, one of one) failed a 5-ms slack
+    in CI, while a loop blocked by the abuse costs hundreds of ms (issue 17's took 37 s). The max is recorded, not
+    asserted: on a shared 2-core machine one request in a few dozen can lose its core to anything."""
+    return not during or statistics.median(during) <= 2 * base + 0.025
 
 
 def _upload(url: str, body: bytes, chunked: bool) -> tuple[int, dict, float]:
