@@ -95,16 +95,12 @@ class WorkerLoadModel:
         """completion_s of the next block per worker; forwards from its finished blocks (half a block at first).
         `outstanding`: the front's prefill tokens per worker, current where the reports are up to a period old (a
         burst routed on reports alone all goes to the worker that last reported least)."""
-        done = state.stats.steps_per_block
-        forwards = sum(done) / len(done) if done else state.params.block_length / 2
-        canvas = state.prompt_len + state.answer_len
+        forwards, canvas = _next_block(state)
         return {w: self.completion_s(w, canvas, forwards, (outstanding or {}).get(w)) for w in workers}
 
     def alone_estimates(self, workers, state) -> dict[int, float]:
         """Seconds of the next block per worker with nothing else there: how fast an instance is, not how busy."""
-        done = state.stats.steps_per_block
-        forwards = sum(done) / len(done) if done else state.params.block_length / 2
-        canvas = state.prompt_len + state.answer_len
+        forwards, canvas = _next_block(state)
         return {w: forwards * self.models[w].predict(features(self.block_length, canvas)) for w in workers}
 
     def unit_costs(self, w: int) -> UnitCosts | None:
@@ -145,3 +141,11 @@ class WorkerLoadModel:
     def step_time_error(self) -> float | None:
         errs = [e for m in self.models.values() if (e := m.mean_abs_rel_error()) is not None]
         return sum(errs) / len(errs) if errs else None
+
+
+def _next_block(state) -> tuple[float, int]:
+    """(forwards the request's next block is expected to take: its finished blocks' mean, half a block at first;
+    its canvas length)."""
+    done = state.stats.steps_per_block
+    forwards = sum(done) / len(done) if done else state.params.block_length / 2
+    return forwards, state.prompt_len + state.answer_len
