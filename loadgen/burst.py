@@ -16,7 +16,7 @@ ShareGPT's, not BurstGPT's. A user with the CSV converts it with ``from_burstgpt
 JSONL and replays it unchanged. Every row carries its ``phase`` (extra keys are ignored by readers).
 
     python -m loadgen.burst --out burst.jsonl --reference-rate 10 --scales 0.3,0.9,1.4,0.5 \\
-        --phase-s 300 --shape 0.5 --seed 0
+        --phase-s 300 --shape 0.5 --seed 0 [--phase-lengths 3:0.5,0.5:3,3:0.5,0.5:3]
 """
 from __future__ import annotations
 
@@ -73,17 +73,39 @@ def phase_arrivals(phases: Sequence[tuple[float, float]], shape: float,
 
 
 def burst_rows(phases: Sequence[tuple[float, float]], shape: float = DEFAULT_SHAPE, seed: int = 0,
-               preset: str = "sharegpt", length_scale: float = 1.0, max_len: int | None = 4096) -> list[dict]:
+               preset: str = "sharegpt", length_scale: float = 1.0, max_len: int | None = 4096,
+               phase_lengths: Sequence[tuple[float, float]] | None = None) -> list[dict]:
     """The trace's rows, in time order: timestamp (s), prompt_len, output_len (ShareGPT-like,
-    prompt + output fitted to `max_len`), phase. Seeded: the same arguments give the same rows."""
+    prompt + output fitted to `max_len`), phase. Seeded: the same arguments give the same rows.
+    `phase_lengths`: per phase, (prompt, output) length multipliers (a long-prompt phase, a
+    long-answer one); the draws are the same, so (1, 1) everywhere gives the plain trace."""
+    if phase_lengths is not None and len(phase_lengths) != len(phases):
+        raise ValueError(f"phase_lengths: {len(phase_lengths)} pairs for {len(phases)} phases")
     rng = np.random.default_rng(seed)
     times, phase = phase_arrivals(phases, shape, rng)
     prompts, outputs = preset_lengths(preset, len(times), rng, length_scale)
     rows = []
     for t, k, p, o in zip(times.tolist(), phase.tolist(), prompts.tolist(), outputs.tolist()):
+        if phase_lengths is not None:      # lognormal: scaling a draw is drawing at a scaled median
+            p, o = max(1, round(p * phase_lengths[k][0])), max(1, round(o * phase_lengths[k][1]))
         p, o = fit_lengths(p, o, max_len)
         rows.append({"timestamp": round(t, 6), "prompt_len": int(p), "output_len": int(o), "phase": int(k)})
     return rows
+
+
+def parse_phase_lengths(text: str) -> list[tuple[float, float]]:
+    """"3:0.5,0.5:3" -> [(3.0, 0.5), (0.5, 3.0)]: per phase, prompt and output length multipliers."""
+    out = []
+    for pair in text.split(","):
+        p, sep, o = pair.partition(":")
+        try:
+            lengths = (float(p), float(o))
+        except ValueError:
+            lengths = None
+        if not sep or lengths is None or min(lengths) <= 0:
+            raise ValueError(f"phase lengths: {pair!r} is not prompt:output with both > 0")
+        out.append(lengths)
+    return out
 
 
 def write_jsonl(rows: list[dict], path: str | Path, header: str | None = None) -> Path:
@@ -126,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-len", type=int, default=4096, help="fit prompt + output to this context")
     ap.add_argument("--length-scale", type=float, default=1.0)
+    ap.add_argument("--phase-lengths", help="per phase, prompt:output length multipliers, e.g. 3:0.5,0.5:3")
     ap.add_argument("--from-csv", help="convert this BurstGPT CSV instead of synthesising")
     ap.add_argument("--speed", type=float, default=1.0, help="--from-csv: time compression")
     a = ap.parse_args(argv)
@@ -134,9 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         header = f"converted from {a.from_csv} (BurstGPT CSV), speed {a.speed}"
     else:
         phases = scaled_phases(a.reference_rate, [float(s) for s in a.scales.split(",")], a.phase_s)
-        rows = burst_rows(phases, a.shape, a.seed, length_scale=a.length_scale, max_len=a.max_len)
+        lengths = parse_phase_lengths(a.phase_lengths) if a.phase_lengths else None
+        rows = burst_rows(phases, a.shape, a.seed, length_scale=a.length_scale, max_len=a.max_len,
+                          phase_lengths=lengths)
         header = (f"SYNTHETIC BurstGPT-like trace (loadgen/burst.py): phases (s, req/s) {phases}, Gamma shape "
-                  f"{a.shape}, ShareGPT preset lengths x {a.length_scale}, max_len {a.max_len}, seed {a.seed}")
+                  f"{a.shape}, ShareGPT preset lengths x {a.length_scale}"
+                  + (f", per phase prompt:output x {a.phase_lengths}" if lengths else "")
+                  + f", max_len {a.max_len}, seed {a.seed}")
     write_jsonl(rows, a.out, header)
     print(f"{len(rows)} requests -> {a.out}")
     return 0

@@ -198,6 +198,21 @@ def test_the_attainment_planner_keeps_its_best_layout_and_regroups_under_overloa
     assert "< one period" in state.last["why"]
 
 
+@pytest.mark.parametrize("rate, moves", [(2, True), (10, False)])
+def test_a_move_for_the_tail_alone_must_be_cheap_at_the_load_room_to_grow_plans_for(rate, moves):
+    """2 x TP1 -> 1 x TP2 answers sooner at the same attainment (0.2-s SLOs); its restart takes one TP1 out at a
+    time. At 10 req/s the forecast prices that at nothing, but at 3 x the load one TP1 alone would miss: keep."""
+    from dllm_server.cluster.planner import PlannerState, decide
+    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    policy.classes.clear()
+    policy.classes.extend([(0.2, policy.new_work, 4.0, 100)] * 32)
+    state = PlannerState()
+    out = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(rate, 100.0, 10.0), 100.0, state)
+    assert state.last["target"] == [2] and state.last["price"] < 0.005 and "same attainment" in state.last["why"]
+    assert out == ([2] if moves else None), state.last
+    assert moves or "the restart would cost" in state.last["why"]
+
+
 async def test_the_planner_regroups_by_itself_and_answers_identically(tiny_llada):
     """--reconfigure on 2 CPU workers with no call from the test: light requests with a loose SLO tie on
     attainment, the prior prices one TP2 instance's tail below two TP1s', so the planner regroups at its first

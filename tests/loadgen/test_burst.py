@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from loadgen.arrivals import parse_trace_lines
-from loadgen.burst import burst_rows, from_burstgpt_csv, main, phase_arrivals, scaled_phases
+from loadgen.burst import burst_rows, from_burstgpt_csv, main, parse_phase_lengths, phase_arrivals, scaled_phases
 from loadgen.workload import PRESETS
 
 
@@ -34,6 +34,28 @@ def test_rows_are_seeded_sharegpt_like_and_parse_as_a_trace():
     entries = parse_trace_lines(["# header"] + [json.dumps(r) for r in a])
     assert [e.timestamp for e in entries] == [r["timestamp"] for r in a]
     assert [e.prompt_len for e in entries] == [r["prompt_len"] for r in a]
+
+
+def test_phase_lengths_scale_each_phase_and_keep_the_draws():
+    phases = [(400.0, 5.0), (400.0, 5.0)]
+    plain = burst_rows(phases, seed=3)
+    assert burst_rows(phases, seed=3, phase_lengths=[(1, 1), (1, 1)]) == plain
+    mixed = burst_rows(phases, seed=3, phase_lengths=[(3.0, 0.5), (0.5, 3.0)])
+    assert [r["timestamp"] for r in mixed] == [r["timestamp"] for r in plain]
+    for k, (p, o) in enumerate([(3.0, 0.5), (0.5, 3.0)]):
+        a = [r for r in plain if r["phase"] == k]
+        b = [r for r in mixed if r["phase"] == k]
+        assert np.median([r["prompt_len"] for r in b]) == pytest.approx(p * np.median([r["prompt_len"] for r in a]),
+                                                                         rel=0.1)
+        assert np.median([r["output_len"] for r in b]) == pytest.approx(o * np.median([r["output_len"] for r in a]),
+                                                                         rel=0.1)
+    assert all(r["prompt_len"] + r["output_len"] <= 4096 for r in mixed)
+    with pytest.raises(ValueError, match="2 phases"):
+        burst_rows(phases, phase_lengths=[(1, 1)])
+    assert parse_phase_lengths("3:0.5,0.5:3") == [(3.0, 0.5), (0.5, 3.0)]
+    for bad in ("3", "3:x", "0:1", "1:-1"):
+        with pytest.raises(ValueError, match="prompt:output"):
+            parse_phase_lengths(bad)
 
 
 def test_cli_writes_a_trace_the_simulator_replays(tmp_path, capsys):

@@ -344,3 +344,15 @@ def test_a_short_last_block_is_priced_by_its_positions():
     per_block = np.asarray([8.0, 6.0, 5.0, 4.0, 3.0, 2.0])
     assert policy.work["full"] == pytest.approx(3 * per_block)                 # three blocks of eight
     assert policy.work["short"] == pytest.approx(2 * per_block + 1.0)          # the third commits one position
+
+
+def test_the_planner_gets_no_slo_class_priced_before_any_block_ran():
+    """The simple estimator prices every threshold alike until a block has run at one (pessimistically): such an
+    admission would sit in the cluster planner's sample for 256 admissions, a request it thinks no layout serves."""
+    policy = _policy_on_one_worker()
+    policy.block_policies([(_request("early", 1_000), 0)])
+    assert list(policy.floor_needs) and not policy.classes        # the tight rule counts it; the planner does not
+    policy.block_forwards = {0.9: 6.0, 0.7: 4.0}                    # blocks have run
+    policy.block_policies([(_request("later", 1_000), 0)])
+    [(budget, forwards, blocks, canvas)] = policy.classes
+    assert budget == 1.0 and blocks == 4 and forwards[0] > forwards[-1]   # priced apart by threshold

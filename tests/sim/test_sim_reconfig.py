@@ -58,15 +58,15 @@ def burst():
 
 def test_a_rate_change_regroups_and_loses_nothing(burst):
     """Light: one TP4 instance answers soonest (a tie in attainment broken by the tail), so the planner forms it
-    at its first decision and keeps it; the heavy phase is followed within one period by 4 x TP1, which serves
-    the most."""
+    within its first two decisions (at 0.3 req/s the first sees one or two requests) and keeps it; the heavy phase
+    is followed within one period by 4 x TP1, which serves the most."""
     reqs, (res, rc) = burst
     assert [(r.source, r.target) for r in rc.records] == [([2, 2], [4]), ([4], [1, 1, 1, 1])], decisions(rc)
     light, heavy = rc.records
-    assert light.began_s == 10.0 and "same attainment" in light.why
+    assert light.began_s <= 20.0 and "same attainment" in light.why
     assert 30.0 < heavy.began_s <= 40.0 and "attainment gain" in heavy.why
     assert heavy.waves == 1 and heavy.idle_gpu_s == pytest.approx(4 * 2.0, abs=0.1)   # one TP4 out: 4 restarts
-    assert not any(d["regroup"] for t, d in rc.decisions if 10.0 < t <= 30.0)         # steady: it keeps its layout
+    assert not any(d["regroup"] for t, d in rc.decisions if light.began_s < t <= 30.0)  # steady: it keeps it
     assert rc.active is None and res.unfinished == 0
     assert len(res.requests) == len(reqs)
     assert all(r.finish_reason in ("stop", "length") for r in res.requests)
@@ -81,10 +81,12 @@ def test_two_runs_decide_the_same(burst):
 
 
 def test_a_steady_rate_settles_once():
-    """At most one regroup, at the first decision (into the layout the planner ranks first), then none."""
+    """At most one regroup, at the first decision with a request to plan for (into the layout the planner ranks
+    first), then none."""
     res, rc = run(trace([(60.0, 0.3)], seed=1), START)
     assert len(rc.decisions) >= 5 and len(rc.records) <= 1, decisions(rc)
-    assert all(r.began_s == rc.decisions[0][0] for r in rc.records)
+    first = next(t for t, d in rc.decisions if not d["why"].startswith("no request"))
+    assert all(r.began_s == first for r in rc.records)
     assert res.unfinished == 0
 
 

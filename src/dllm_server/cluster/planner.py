@@ -2,6 +2,7 @@
 or None; unmeasured degrees are priced by a named prior (`tp_speedup`)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -84,7 +85,8 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
         return _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state)
     rate = forecast_rate(arrivals, now, config.reconfigure_period_s)
     # the mean SLO pairs with the mean request's forwards; a median would undercount length-scaled SLOs
-    slo_s = float(np.mean(policy.budgets)) if policy.budgets else (config.default_slo_ms or 10_000.0) / 1e3
+    budgets = [c[0] for c in getattr(policy, "classes", ())]
+    slo_s = float(np.mean(budgets)) if budgets else (config.default_slo_ms or 10_000.0) / 1e3
     blocks = max(1.0, policy.blocks_per_request)
     seated = getattr(policy, "seated_canvas", None)
     canvas = int(seated) if seated else int(np.mean([st.prompt_len + st.answer_len for st in policy.states.values()])) \
@@ -201,6 +203,13 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     best, target = choose(scored, has_room, config.reconfigure_min_gain)
     out_s = state.out_s if state.out_s is not None else config.reconfigure_restart_s
     moved_devices, price = _restart_price(config, inst, demand, current_counts, current, target, num_devices, out_s)
+
+    def stressed_price() -> float:
+        """A move with no attainment gain (for the tail, for room) must be cheap even if the load grows as room to
+        grow plans for while its waves are out: the restart priced at HEADROOM x the forecast."""
+        hard = dataclasses.replace(demand, window_rates=HEADROOM * demand.window_rates)
+        now_hard = predict(current_counts, inst, hard, config.load_target)
+        return _restart_price(config, inst, hard, current_counts, now_hard, target, num_devices, out_s)[1]
     measured = _measured_attainment(policy, arrivals, now, period)
     gain = best.attainment - max(current.attainment, measured or 0.0)
     room = has_room(best)
@@ -214,9 +223,13 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     elif since is not None and since < 2 * period:       # a move for the tail or for room alone: not back and forth
         go, why = False, f"no attainment gain, and the last change was {since:.3g} s ago (< two periods)"
     elif abs(best.attainment - current.attainment) < 0.005 and price < 0.005 and best.tail_s * 1.2 < current.tail_s:
-        go, why = room, f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s" + (
-            "" if room else f", but no room for {HEADROOM:g} x the busiest 5-s window")
-    elif room and not has_room(current) and price < 0.005 and best.attainment > current.attainment - 0.005:
+        stressed = stressed_price()
+        go = room and stressed < 0.005
+        why = f"same attainment, p90 {current.tail_s:.2f} -> {best.tail_s:.2f} s" + (
+            "" if room else f", but no room for {HEADROOM:g} x the busiest 5-s window") + (
+            "" if stressed < 0.005 else f", but the restart would cost {stressed:.3f} at {HEADROOM:g} x the load")
+    elif room and not has_room(current) and price < 0.005 and best.attainment > current.attainment - 0.005 \
+            and stressed_price() < 0.005:
         go, why = True, (f"room to grow while it is cheap: capacity {config.load_target * current.capacity:.1f} -> "
                          f"{config.load_target * best.capacity:.1f} req/s for {need:.1f}")
     else:

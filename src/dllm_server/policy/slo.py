@@ -69,6 +69,7 @@ class SLOPolicy(StaticPolicy):
         # recent admissions with an SLO, as classes for the cluster planner: (budget s, forwards per candidate,
         # blocks, canvas)
         self.classes: collections.deque = collections.deque(maxlen=256)
+        self.budgets: collections.deque = collections.deque(maxlen=256)   # SLO budgets (s) of recent admissions
         self.outcomes: collections.deque = collections.deque(maxlen=1024)   # (finished at, SLO met) with an SLO
         self.forward_ratios: collections.deque = collections.deque(maxlen=256)   # forwards run / predicted at admission
         self.controller = None if not config.load_control else LoadController(
@@ -151,11 +152,6 @@ class SLOPolicy(StaticPolicy):
             d.pop(rid, None)
         self.hopeless.discard(rid)
         self._queue_version += 1
-
-    @property
-    def budgets(self) -> list[float]:
-        """SLO budgets (s) of recent admissions."""
-        return [c[0] for c in self.classes]
 
     @property
     def seated_canvas(self) -> float | None:
@@ -256,6 +252,10 @@ class SLOPolicy(StaticPolicy):
                 self.new_work = work[i].copy() if self.new_work is None else 0.9 * self.new_work + 0.1 * work[i]
                 if np.isfinite(budgets[i]):
                     self.floor_needs.append(float(bound[i, -1] / max(budgets[i], 1e-9)))
+                    self.budgets.append(float(budgets[i]))
+                if np.isfinite(budgets[i]) and (per_block is not None or self.predictor.name != "simple"):
+                    # before any block has run the estimator prices every threshold alike, and pessimistically:
+                    # such a class would stay in the planner's sample for 256 admissions
                     self.classes.append((budgets[i], work[i].copy(), float(recomputes[i].max()),
                                          st.prompt_len + st.answer_len))
             remaining = float(work[i, j])
