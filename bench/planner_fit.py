@@ -93,11 +93,16 @@ def main() -> None:
         best = max(every, key=lambda n: rank(every[n]))
         predicted.append({"static": {d: every[layout_name(layout_degrees(lay))] for d, lay in statics.items()},
                           "best": (best, every[best])})
-    simulated = {}
+    simulated, kept = {}, []
     for d, lay in statics.items():
         res, _, cpu = run(requests, layout_degrees(lay), costs.__getitem__, config, a.seed, False, 0.0)
         simulated[d] = phase_metrics(res, phase_of, len(phases))
+        later = sum(max(0, len(r.thresholds) - 1) for r in res.requests)     # every block after a request's first
+        simulated[d]["blocks_kept"] = res.counters.blocks_continued / max(1, later)
+        kept.append(f"{layout_name(layout_degrees(lay))} {100 * simulated[d]['blocks_kept']:.1f} %")
         print(f"  {layout_name(layout_degrees(lay))}: {cpu:.0f} s CPU", file=sys.stderr)
+    print("blocks after a request's first continued on the worker that ran the one before (leased): "
+          + ", ".join(kept) + "\n")
     rows, gaps, right = [], [], 0
     table = Table(["phase", "layout", "predicted", "simulated", ("gap (points)", "+.1f"), "predicted tau",
                    "simulated tau"], "predicted vs simulated SLO attainment per static layout and phase (SIMULATED)")

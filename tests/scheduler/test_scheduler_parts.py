@@ -1,6 +1,7 @@
 """The front-side scheduler parts, without processes: real message objects in, what they send
 collected in a list, a fake clock."""
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -255,7 +256,8 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
              WorkerLoad(2, "colocated", 0, 2, 2, True)]
     assert pick_by_completion(loads, {0: 0.5, 1: 0.2, 2: 0.1}, pages_needed=4) == 1   # 2 cannot hold the canvas
     assert keeps_request(loads, "colocated", 0, 4, {0: 0.2, 1: 0.2}) is True         # ties stay put
-    assert keeps_request(loads, "colocated", 0, 4, {0: 0.3, 1: 0.2}) is False
+    shared = [dataclasses.replace(loads[0], holding=1), *loads[1:]]      # another request runs on worker 0
+    assert keeps_request(shared, "colocated", 0, 4, {0: 0.3, 1: 0.2}) is False
     # through the scheduler: worker 1's profile says it is twice as fast, so both go there while idle
     s, sent, _ = make(["colocated", "colocated"], routing="completion")
     fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
@@ -264,6 +266,35 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
     s.add(request("a"))
     s.add(request("b", seq=1))
     assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]
+
+
+def test_a_request_alone_on_its_worker_moves_only_to_a_faster_instance():
+    from dllm_server.scheduler.placement import WorkerLoad, keeps_request
+    # alone on worker 0 (nothing else held or queued there): another TP1 that the step-time models call sooner is
+    # no reason to lose the lease; a TP2 is, and a request sharing its worker moves as before
+    loads = [WorkerLoad(0, "colocated", 0, 64, 64, True), WorkerLoad(1, "colocated", 0, 64, 64, True)]
+    assert keeps_request(loads, "colocated", 0, 4, {0: 0.3, 1: 0.1}) is True
+    faster = [loads[0], dataclasses.replace(loads[1], tp_size=2)]
+    assert keeps_request(faster, "colocated", 0, 4, {0: 0.3, 1: 0.1}) is False
+    assert keeps_request(faster, "colocated", 0, 4, {0: 0.3, 1: 0.29}) is True
+    for busy in (dict(holding=1), dict(outstanding_prefill_tokens=512)):
+        assert keeps_request([dataclasses.replace(loads[0], **busy), loads[1]], "colocated", 0, 4,
+                             {0: 0.3, 1: 0.1}) is False
+
+
+def test_the_front_counts_the_requests_each_worker_holds():
+    s, sent, _ = make(["colocated", "colocated"], routing="completion")
+    s.add(request("a"))
+    s.add(request("b", seq=1))
+    held = [w.holding for w in s.workers]
+    assert sum(held) == 2 and held == [sum(e.worker == w for e in s.requests) for w in (0, 1)]
+    s.abort("a")
+    assert sum(w.holding for w in s.workers) == 1
+    # a request's own block is left out of the load its lease is judged on
+    entry = s.requests.get("b")
+    assert s.workers.loads(minus=entry)[entry.worker].holding == 0
+    s.on_worker_lost([entry.worker], "test")
+    assert sum(w.holding for w in s.workers if w.alive) == sum(e.worker is not None for e in s.requests)
 
 
 def test_slo_class_keeps_the_fast_instances_for_the_requests_that_need_them():

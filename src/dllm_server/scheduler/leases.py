@@ -51,7 +51,7 @@ class Leases:
             return False
         if st.params.block_causal:      # sticky: its pages hold exact KV
             return True
-        loads = loads or self.workers.loads(minus=entry.charged)   # the others' load, not this block's
+        loads = loads or self.workers.loads(minus=entry)   # the others' load, not this block's
         return keeps_request(loads, self.placement, wid, self.workers.pages_for(st.prompt_len + st.answer_len),
                              self.completion(entry, loads))
 

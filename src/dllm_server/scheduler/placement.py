@@ -14,6 +14,8 @@ class WorkerLoad:
     num_pages: int
     available: bool
     active_decodes: int = 0            # in its latest report: the tie-break (all idle read 0 prefill tokens)
+    holding: int = 0                   # requests whose current block it holds (the front's count: reports lag)
+    tp_size: int = 1
 
 
 def _least_outstanding(cands: list[WorkerLoad]) -> int | None:
@@ -96,6 +98,11 @@ def keeps_request(loads: list[WorkerLoad], placement: str, current: int, pages_n
     if here is None or (completion_s is not None and current not in completion_s):
         return False
     if completion_s is not None:
+        rivals = fit
+        if here.holding == 0 and here.outstanding_prefill_tokens == 0:
+            # alone there, only a faster instance can be worth a move (it costs the lease); workers' own step-time
+            # models differ by more than the tie, and moved such a request every block
+            rivals = [w for w in fit if w.tp_size > here.tp_size]
         return all(completion_s[current] <= (1 + COMPLETION_TIE) * completion_s.get(w.worker_id, float("inf"))
-                   for w in fit)
+                   for w in rivals)
     return all(here.outstanding_prefill_tokens <= w.outstanding_prefill_tokens for w in fit)

@@ -173,7 +173,7 @@ class Scheduler:
         entry.policy = policy
         if handoff:
             msg = dataclasses.replace(msg, handoff=True, stream_to=stream_to)
-        entry.worker = wid
+        self.workers.hold(entry, wid)
         self.workers.charge(entry, wid, tokens)
         self.send(wid, msg)
 
@@ -182,6 +182,7 @@ class Scheduler:
         if abort_worker and entry.worker is not None and self.workers[entry.worker].alive:
             self.send(entry.worker, Abort(rid))
         self.workers.uncharge(entry)
+        self.workers.hold(entry, None)
         self.requests.set_lease(entry, None)
         self._run(self.handoffs.release(rid))
         self.requests.remove(entry)
@@ -260,7 +261,7 @@ class Scheduler:
         elif isinstance(msg, Evicted):
             if msg.removed and entry.worker == wid and st.block_index == msg.block_index:
                 self.workers.uncharge(entry)
-                entry.worker = None
+                self.workers.hold(entry, None)
                 self.counters.blocks_evicted += 1
                 self._dispatch(entry, self._block_policy(entry))
             return
@@ -283,7 +284,7 @@ class Scheduler:
             entry.policy = entry.lease if outcome.continued else None     # a lease is the next block's policy
             self.requests.set_lease(entry, None)
             self._run(self.handoffs.release(st.request_id))
-            entry.worker = wid if outcome.continued else None
+            self.workers.hold(entry, wid if outcome.continued else None)
         if outcome.output is not None:
             self._finish(entry, outcome.output, abort_worker=outcome.abort_worker)
         elif outcome.continued:
@@ -308,9 +309,9 @@ class Scheduler:
                 entry.policy = a.policy
                 self.send(a.dst, InstallKV(entry.state.submit_msg(a.policy, then, step_offset=a.steps)))
             elif isinstance(a, Moved):
-                entry.worker = a.dst
+                self.workers.hold(entry, a.dst)
             elif isinstance(a, FallBack):
-                entry.worker = None
+                self.workers.hold(entry, None)
                 self._dispatch(entry, a.policy, any_role=True, step_offset=a.steps)
 
     def set_policy(self, worker_id: int | None = None, overflow_threshold_tokens: int | None = None,
@@ -349,5 +350,5 @@ class Scheduler:
             self._run(self.handoffs.release(rid))
             self.workers.uncharge(entry)
             self.requests.set_lease(entry, None)
-            entry.worker = None
+            self.workers.hold(entry, None)
             self._dispatch(entry, self._block_policy(entry), restart=True)

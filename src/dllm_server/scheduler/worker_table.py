@@ -22,6 +22,7 @@ class WorkerInfo:
     report: LoadReport | None = None
     reserved_pages: int = 0              # promised to handoffs on their way in
     outstanding_prefill_tokens: int = 0
+    holding: int = 0                     # requests whose current block lives here (Entry.worker)
     row_invariance: RowInvariance | None = None
     tp_size: int = 1
     rank_rss_mb: tuple[float, ...] = ()
@@ -53,11 +54,22 @@ class WorkerTable:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def loads(self, minus: tuple[int, int] | None = None) -> list[WorkerLoad]:
-        """Every worker's load, leaving out `minus` (worker, tokens): one request's own charge."""
-        return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens - (minus[1] if minus and minus[0] ==
+    def loads(self, minus=None) -> list[WorkerLoad]:
+        """Every worker's load, leaving out the request `minus` (an Entry): its charge and its block."""
+        charged = minus.charged if minus is not None and minus.charged else (None, 0)
+        held = minus.worker if minus is not None else None
+        return [WorkerLoad(w.worker_id, w.role, w.outstanding_prefill_tokens - (charged[1] if charged[0] ==
                            w.worker_id else 0), w.free_pages, w.num_pages, w.available,
-                           w.report.num_active_decodes if w.report else 0) for w in self.workers]
+                           w.report.num_active_decodes if w.report else 0, w.holding - (held == w.worker_id),
+                           w.tp_size) for w in self.workers]
+
+    def hold(self, entry, wid: int | None) -> None:
+        """The request's current block now lives on `wid` (None: on no worker)."""
+        if entry.worker is not None:
+            self.workers[entry.worker].holding -= 1
+        if wid is not None:
+            self.workers[wid].holding += 1
+        entry.worker = wid
 
     @property
     def all_ready(self) -> bool:
