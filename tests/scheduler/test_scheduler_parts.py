@@ -286,15 +286,17 @@ def test_the_front_counts_the_requests_each_worker_holds():
     s, sent, _ = make(["colocated", "colocated"], routing="completion")
     s.add(request("a"))
     s.add(request("b", seq=1))
-    held = [w.holding for w in s.workers]
-    assert sum(held) == 2 and held == [sum(e.worker == w for e in s.requests) for w in (0, 1)]
+    def counted_right() -> bool:       # every worker's count is the requests whose block it holds, the dead too
+        return [w.holding for w in s.workers] == [sum(e.worker == w.worker_id for e in s.requests) for w in s.workers]
+    assert sum(w.holding for w in s.workers) == 2 and counted_right()
     s.abort("a")
-    assert sum(w.holding for w in s.workers) == 1
+    assert sum(w.holding for w in s.workers) == 1 and counted_right()
     # a request's own block is left out of the load its lease is judged on
     entry = s.requests.get("b")
     assert s.workers.loads(minus=entry)[entry.worker].holding == 0
-    s.on_worker_lost([entry.worker], "test")
-    assert sum(w.holding for w in s.workers if w.alive) == sum(e.worker is not None for e in s.requests)
+    lost = entry.worker
+    s.on_worker_lost([lost], "test")
+    assert s.workers[lost].holding == 0 and counted_right()
 
 
 def test_slo_class_keeps_the_fast_instances_for_the_requests_that_need_them():

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import WorkerPolicy
 from ..messages import LoadReport, ModelInfo, RowInvariance, SetPolicy, WorkerReady
 from .placement import WorkerLoad
+
+if TYPE_CHECKING:
+    from .request_table import Entry
 
 
 @dataclass(slots=True)
@@ -54,7 +58,7 @@ class WorkerTable:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def loads(self, minus=None) -> list[WorkerLoad]:
+    def loads(self, minus: "Entry | None" = None) -> list[WorkerLoad]:
         """Every worker's load, leaving out the request `minus` (an Entry): its charge and its block."""
         charged = minus.charged if minus is not None and minus.charged else (None, 0)
         held = minus.worker if minus is not None else None
@@ -63,7 +67,7 @@ class WorkerTable:
                            w.report.num_active_decodes if w.report else 0, w.holding - (held == w.worker_id),
                            w.tp_size) for w in self.workers]
 
-    def hold(self, entry, wid: int | None) -> None:
+    def hold(self, entry: "Entry", wid: int | None) -> None:
         """The request's current block now lives on `wid` (None: on no worker)."""
         if entry.worker is not None:
             self.workers[entry.worker].holding -= 1
