@@ -7,9 +7,11 @@ where the oracle gains at least --min-oracle points, the server's planner regrou
 
     python -m bench.sim_crossing [--slo-k 1.0,1.5,3] [--loads 0.3:0.9:1.4:0.5,0.15:1.5:0.15:1.5]
         [--mixes plain,prompt-answer,answer-prompt] [--shapes 0.5,2] [--phase-s 60] [--jobs 2] [--json out.json]
+        [--baseline earlier.json]      # the static runs read from an earlier sweep: only the planner runs again
 """
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--restart-s", type=float, default=ASSUMED_RESTART_S)
     ap.add_argument("--period-s", type=float, default=30.0)
     ap.add_argument("--jobs", type=int, default=2, help="simulations run at once (one core each)")
+    ap.add_argument("--baseline", help="an earlier sweep's JSON with the same arguments: its static runs are reused")
     a = ap.parse_args()
     if unknown := set(a.mixes.split(",")) - set(MIXES):
         ap.error(f"--mixes: unknown {sorted(unknown)}")
@@ -118,8 +121,11 @@ def main() -> None:
     layouts = [int(d) for d in a.layouts.split(",")]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.jobs) as pool:
-        static = list(pool.map(job, [(sc, a.seed, d, False, a.restart_s, a.period_s)
-                                     for sc in scenarios for d in layouts]))
+        if a.baseline:       # a planner change leaves the static runs as they were
+            static = [r for r in json.load(open(a.baseline))["static"] if r["scenario"] in scenarios]
+        else:
+            static = list(pool.map(job, [(sc, a.seed, d, False, a.restart_s, a.period_s)
+                                         for sc in scenarios for d in layouts]))
         cells = [({r["degree"]: r for r in static if r["scenario"] == sc}) for sc in scenarios]
         verdicts = [crossing(c) for c in cells]
         todo = [sc for sc, v in zip(scenarios, verdicts) if v["changes"] and 100 * v["oracle_gain"] >= a.min_oracle]
@@ -132,7 +138,9 @@ def main() -> None:
           + f"); SLO = k x unloaded TP4 latency at 0.95; the slo policy with load control and deadline scheduling, "
           f"routing completion; reconfiguration: the attainment planner every {a.period_s:g} s from "
           f"{layout_name(layout_degrees({a.start: DEVICES // a.start}))}, ASSUMED restart {a.restart_s:g} s; seed "
-          f"{a.seed}; {len(static) + len(reconf)} runs, {time.perf_counter() - t0:.0f} s wall\n")
+          f"{a.seed}; {len(reconf) + (0 if a.baseline else len(static))} runs"
+          + (f" (the static ones read from {a.baseline})" if a.baseline else "")
+          + f", {time.perf_counter() - t0:.0f} s wall\n")
     table = Table(["SLO k", "loads", "mix", "shape", "median SLO (s)",
                    *(layout_name(layout_degrees({d: DEVICES // d})) for d in layouts), "each phase's best",
                    "oracle - best", "reconfiguration", "- best static", "worst phase - best static's", "regroups",

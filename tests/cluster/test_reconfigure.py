@@ -213,6 +213,24 @@ def test_a_move_for_the_tail_alone_must_be_cheap_at_the_load_room_to_grow_plans_
     assert moves or "the restart would cost" in state.last["why"]
 
 
+def test_a_light_spell_after_a_heavy_one_keeps_the_room_the_heavy_one_needed():
+    """2 x TP1 at 2 req/s with 0.2-s SLOs: alone, the planner moves to 1 x TP2 for the tail (the test above). After
+    a period at 40 req/s, which one TP2 cannot carry, the same light period keeps 2 x TP1: the planner remembers
+    the busiest of its last periods and a move must leave room for it."""
+    from dllm_server.cluster.planner import MEMORY_PERIODS, PlannerState, decide
+    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    policy.classes.clear()
+    policy.classes.extend([(0.2, policy.new_work, 4.0, 100)] * 32)
+    state = PlannerState()
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(40, 80.0, 10.0), 80.0, state) is None
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, 100.0, 10.0), 100.0, state) is None
+    assert state.last["target"] == [1, 1], state.last
+    for k in range(MEMORY_PERIODS - 1):      # the heavy period forgotten: the move for the tail is back
+        out = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, 110.0 + 10 * k, 10.0), 110.0 + 10 * k,
+                     state)
+    assert out == [2] and "same attainment" in state.last["why"], state.last
+
+
 async def test_the_planner_regroups_by_itself_and_answers_identically(tiny_llada):
     """--reconfigure on 2 CPU workers with no call from the test: light requests with a loose SLO tie on
     attainment, the prior prices one TP2 instance's tail below two TP1s', so the planner regroups at its first

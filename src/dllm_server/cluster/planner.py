@@ -2,6 +2,7 @@
 or None; unmeasured degrees are priced by a named prior (`tp_speedup`)."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class PlannerState:
     last: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # degree -> latest fitted model, so a degree that ran keeps its own
     out_s: float | None = None                    # seconds a wave kept its devices out in the last regroup
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MEMORY_PERIODS))
 
 
 def tp_speedup(degree: int, serial_share: float) -> float:
@@ -121,6 +123,7 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
 
 
 HORIZON_PERIODS = 3     # a regroup's restart is priced against this many periods of the layout it brings
+MEMORY_PERIODS = 8      # the busiest of the last 8 periods' loads: a move must not break under it
 HEADROOM = 3.0          # room to grow: capacity at the load target for 3x the busiest 5-s window of the period
 MIN_OUTCOMES = 16       # finished requests with an SLO before the last period's attainment counts
 
@@ -195,7 +198,9 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
                              credit_share=config.credit_share, row_tokens=row_tokens) for d in degrees}
     current_counts = {d: n for d in degrees if (n := sum(1 for v in instances.values() if v == d))}
     current = predict(current_counts, inst, demand, config.load_target)
-    need = HEADROOM * float(np.max(demand.window_rates))
+    state.recent.append(demand.window_rates)
+    peak = dataclasses.replace(demand, window_rates=max(state.recent, key=lambda w: float(np.mean(w))))
+    need = max(HEADROOM * float(np.max(demand.window_rates)), float(np.max(peak.window_rates)))
 
     def has_room(p: Prediction) -> bool:
         return config.load_target * p.capacity >= need
@@ -214,8 +219,13 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     gain = best.attainment - max(current.attainment, measured or 0.0)
     room = has_room(best)
     since = None if state.last_change_s is None else now - state.last_change_s
+    at_peak = (predict(current_counts, inst, peak, config.load_target).attainment,
+               predict(target, inst, peak, config.load_target).attainment)
     if target == current_counts or not moved_devices:
         go, why = False, f"the best layout is the current one ({describe_counts(current_counts)})"
+    elif at_peak[1] < at_peak[0] - config.reconfigure_min_gain:
+        go, why = False, (f"at the busiest recent period ({float(np.mean(peak.window_rates)):.1f} req/s) it would meet "
+                          f"{at_peak[1]:.3f} against {at_peak[0]:.3f}")
     elif since is not None and since < period:
         go, why = False, f"the last change was {since:.3g} s ago (< one period, {period:g} s)"
     elif gain - price >= config.reconfigure_min_gain:
