@@ -11,7 +11,6 @@ where the oracle gains at least --min-oracle points, the server's planner regrou
 """
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import Table, parser, write_json
+from bench.harness import Table, parser, read_json, write_json
 from bench.sim_reconfig import MODEL, REFERENCE_RATE, costs_by_degree, regroups_per_phase, run
 from bench.sim_reconfig_static import BLOCK, base_config, phase_metrics
 from dllm_server.costmodel.gpu import MODELS
@@ -122,7 +121,11 @@ def main() -> None:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.jobs) as pool:
         if a.baseline:       # a planner change leaves the static runs as they were
-            static = [r for r in json.load(open(a.baseline))["static"] if r["scenario"] in scenarios]
+            static = [r for r in read_json(a.baseline)["static"]
+                      if r["scenario"] in scenarios and r["seed"] == a.seed and r["degree"] in layouts]
+            if len(static) != len(scenarios) * len(layouts):
+                ap.error(f"--baseline {a.baseline}: {len(static)} of the {len(scenarios) * len(layouts)} static runs "
+                         "these arguments need")
         else:
             static = list(pool.map(job, [(sc, a.seed, d, False, a.restart_s, a.period_s)
                                          for sc in scenarios for d in layouts]))
