@@ -5,7 +5,8 @@ attainment overall and per phase, and the regroups, of the reconfiguring run und
 
 Variants: the full planner; regroups all at once (no waves); the linear 1/d prior for unmeasured degrees (no
 serial share); no restart price; one SLO class (every request at the median budget); no floor from what the
-current layout met; no headroom rule for moves made for the tail alone; DiLaServe's MILP planner instead.
+current layout met; no headroom rule for moves made for the tail alone; a memory of one period (no busiest recent
+period, no load the cluster was sized for); DiLaServe's MILP planner instead.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ VARIANTS = {
     "one SLO class (median budget)": ({}, {"sample_demand": one_class}),
     "no floor from what worked": ({}, {"MIN_OUTCOMES": 1 << 30}),
     "no headroom for tail moves": ({}, {"HEADROOM": 0.0}),
+    "no memory (one period: no sized-for load)": ({"reconfigure_memory_periods": 1}, {}),
     "ILP planner (DiLaServe's MILP)": ({"reconfigure_planner": "ilp"}, {}),
 }
 

@@ -180,14 +180,14 @@ class ClusterConfig(_Section):
                                      "this are load control's)", gt=0.0)
     reconfigure_min_gain: float = _f(0.02, "the least gain a regroup must bring (hysteresis): in SLO attainment "
                                      "after the restart's price (attainment), in mean threshold (ilp)", ge=0.0, lt=1.0)
+    reconfigure_memory_periods: int = _f(8, "periods the planner remembers: a move must carry the busiest; until "
+                                         "then the starting layout's capacity at the load target is one", ge=1)
     reconfigure_restart_s: float = _f(30.0, "seconds a regroup keeps a wave's devices out, until one is measured "
                                       "(the attainment planner's restart price)", gt=0.0)
-    reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out at once: waves, "
-                                       "each draining when the last one's instances serve (an instance formed "
-                                       "whole may exceed it; 1: all at once)", gt=0.0, le=1.0)
-    reconfigure_prior_serial_share: float = _f(0.4, "the planner's prior for a degree no instance has run: the "
-                                               "share s of a step TP does not shorten, speed-up 1 / (s + (1 - s) / "
-                                               "d) (0: the linear 1/d)", ge=0.0, lt=1.0)
+    reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out at once, a wave "
+                                       "(a whole instance may exceed it; 1: all at once)", gt=0.0, le=1.0)
+    reconfigure_prior_serial_share: float = _f(0.4, "the prior for a degree never run: the share s of a step TP "
+                                               "does not shorten, speed-up 1 / (s + (1 - s) / d)", ge=0.0, lt=1.0)
     threads_per_worker: int | None = _f(None, "torch threads per CPU worker; none = (usable cores - 1) / workers", ge=1)
     restart_workers: bool = _f(True, "restart a dead worker (else the engine shuts down non-zero)")
     worker_stall_timeout_s: float = _f(120.0, "watchdog: a worker with work in flight that reports nothing for this "

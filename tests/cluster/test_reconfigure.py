@@ -25,16 +25,16 @@ def stream(n: int, seed: int = 5):
                             ignore_eos=True, threshold=0.99)) for i in range(n)]
 
 
-def _planner_inputs(instances: dict[int, int]):
+def _planner_inputs(instances: dict[int, int], **fields):
     """A real SLOPolicy with 32 SLO classes (1-s SLOs, 4 blocks, a 100-token canvas) and step-time models fitted to
-    2 ms + 1 ms a row (+ 2 ms with a recompute) on the workers of `instances`."""
+    2 ms + 1 ms a row (+ 2 ms with a recompute) on the workers of `instances`; `fields` override the config's."""
     import numpy as np
     from dllm_server.costmodel.step_time import features
     from dllm_server.costmodel.worker_speed import WorkerLoadModel
     from dllm_server.policy.predictor import SimpleEstimator
     from dllm_server.policy.slo import SLOPolicy
     config = ServerConfig(model="unused", threshold_policy="slo", reconfigure=True, block_length=8,
-                          reconfigure_period_s=10.0, reconfigure_restart_s=2.0, token_budget=None)
+                          reconfigure_period_s=10.0, reconfigure_restart_s=2.0, token_budget=None, **fields)
     load = WorkerLoadModel(8)
     for w in instances:
         for n in (1, 2, 4, 8, 16):
@@ -201,9 +201,10 @@ def test_the_attainment_planner_keeps_its_best_layout_and_regroups_under_overloa
 @pytest.mark.parametrize("rate, moves", [(2, True), (10, False)])
 def test_a_move_for_the_tail_alone_must_be_cheap_at_the_load_room_to_grow_plans_for(rate, moves):
     """2 x TP1 -> 1 x TP2 answers sooner at the same attainment (0.2-s SLOs); its restart takes one TP1 out at a
-    time. At 10 req/s the forecast prices that at nothing, but at 3 x the load one TP1 alone would miss: keep."""
+    time. At 10 req/s the forecast prices that at nothing, but at 3 x the load one TP1 alone would miss: keep.
+    (A planner that remembers one period: no load the cluster was sized for, the test below.)"""
     from dllm_server.cluster.planner import PlannerState, decide
-    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    config, policy, load = _planner_inputs({0: 1, 1: 1}, reconfigure_memory_periods=1)
     policy.classes.clear()
     policy.classes.extend([(0.2, policy.new_work, 4.0, 100)] * 32)
     state = PlannerState()
@@ -217,7 +218,7 @@ def test_a_light_spell_after_a_heavy_one_keeps_the_room_the_heavy_one_needed():
     """2 x TP1 at 2 req/s with 0.2-s SLOs: alone, the planner moves to 1 x TP2 for the tail (the test above). After
     a period at 40 req/s, which one TP2 cannot carry, the same light period keeps 2 x TP1: the planner remembers
     the busiest of its last periods and a move must leave room for it."""
-    from dllm_server.cluster.planner import MEMORY_PERIODS, PlannerState, decide
+    from dllm_server.cluster.planner import PlannerState, decide
     config, policy, load = _planner_inputs({0: 1, 1: 1})
     policy.classes.clear()
     policy.classes.extend([(0.2, policy.new_work, 4.0, 100)] * 32)
@@ -225,16 +226,40 @@ def test_a_light_spell_after_a_heavy_one_keeps_the_room_the_heavy_one_needed():
     assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(40, 80.0, 10.0), 80.0, state) is None
     assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, 100.0, 10.0), 100.0, state) is None
     assert state.last["target"] == [1, 1], state.last
-    for k in range(MEMORY_PERIODS - 1):      # the heavy period forgotten: the move for the tail is back
+    for k in range(config.reconfigure_memory_periods - 1):     # the heavy period forgotten: the tail's move is back
         out = decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, 110.0 + 10 * k, 10.0), 110.0 + 10 * k,
                      state)
+        assert out is None or k == config.reconfigure_memory_periods - 2, (k, state.last)   # the prior gone first
     assert out == [2] and "same attainment" in state.last["why"], state.last
+
+
+def test_the_layout_the_cluster_starts_in_is_the_load_it_was_sized_for_until_the_memory_fills():
+    """2 x TP1 at 2 req/s with 0.2-s SLOs, where one TP2 answers sooner (the tests above): the first light periods
+    say nothing about the next, so the starting layout's capacity at the load target counts as a remembered period
+    and the planner keeps 2 x TP1; once the memory holds that many real periods, all light, it moves."""
+    from dllm_server.cluster.planner import PlannerState, decide
+    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    policy.classes.clear()
+    policy.classes.extend([(0.2, policy.new_work, 4.0, 100)] * 32)
+    state, memory = PlannerState(), config.reconfigure_memory_periods
+    for k in range(memory - 1):
+        now = 100.0 + 10 * k
+        assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, now, 10.0), now, state) is None
+        assert state.last["target"] == [1, 1], state.last
+    assert state.sized_for == {1: 2}
+    now = 100.0 + 10 * memory
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, now, 10.0), now, state) == [2]
+    assert "same attainment" in state.last["why"]
+    # a cluster started as 1 x TP2 was sized for less: under 40 req/s it grows into 2 x TP1 at once
+    config, policy, load = _planner_inputs({0: 2})
+    assert decide(config, policy, load, {0: 2}, (4, 4), 2, _steady(40, 100.0, 10.0), 100.0, PlannerState()) == [1, 1]
 
 
 async def test_the_planner_regroups_by_itself_and_answers_identically(tiny_llada):
     """--reconfigure on 2 CPU workers with no call from the test: light requests with a loose SLO tie on
-    attainment, the prior prices one TP2 instance's tail below two TP1s', so the planner regroups at its first
-    decision; every answer arrives and equals the offline API's (float64; the ladder is one threshold, 0.99)."""
+    attainment, the prior prices one TP2 instance's tail below two TP1s', so a planner that remembers one period (no
+    load the cluster was sized for) regroups at its first decision; every answer arrives and equals the offline
+    API's (float64; the ladder is one threshold, 0.99)."""
     from dllm_server.cluster.regroup import RegroupRecord
     reqs = [(p, SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed, ignore_eos=True,
                                slo_ms=60_000.0)) for p, s in stream(40, seed=7)]
@@ -243,7 +268,7 @@ async def test_the_planner_regroups_by_itself_and_answers_identically(tiny_llada
                                               ignore_eos=True, threshold=0.99) for _, s in reqs])
     config = ServerConfig(model=tiny_llada, block_length=8, dtype="float64", threads_per_worker=1, num_workers=2,
                           threshold_policy="slo", slo_thresholds="0.99", quality_floor=0.99, reconfigure=True,
-                          reconfigure_period_s=1.0, reconfigure_restart_s=1.0)
+                          reconfigure_period_s=1.0, reconfigure_restart_s=1.0, reconfigure_memory_periods=1)
     async with running(config) as engine:
         records: list[RegroupRecord] = engine.regroups.driver.records
         tasks = []
@@ -332,7 +357,7 @@ async def test_shutdown_in_the_middle_of_a_regroup_answers_everything(tiny_llada
 
 def test_a_move_for_the_tail_alone_keeps_room_for_the_load_to_grow():
     from dllm_server.cluster.planner import HEADROOM, PlannerState, decide
-    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    config, policy, load = _planner_inputs({0: 1, 1: 1}, reconfigure_memory_periods=1)
     state = PlannerState()               # 10 req/s: one TP2 (priced by the prior) answers sooner and has room
     assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(10, 100.0), 100.0, state) == [2]
     assert "same attainment" in state.last["why"]

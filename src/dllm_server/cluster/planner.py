@@ -35,7 +35,9 @@ class PlannerState:
     last: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # degree -> latest fitted model, so a degree that ran keeps its own
     out_s: float | None = None                    # seconds a wave kept its devices out in the last regroup
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MEMORY_PERIODS))
+    recent: collections.deque = field(default_factory=collections.deque)   # the last periods' window rates
+    periods: int = 0                              # periods planned for so far
+    sized_for: dict | None = None                 # the starting layout {degree: instances}
 
 
 def tp_speedup(degree: int, serial_share: float) -> float:
@@ -123,7 +125,6 @@ def decide(config, policy, load, instances: dict[int, int], heads: tuple[int, in
 
 
 HORIZON_PERIODS = 3     # a regroup's restart is priced against this many periods of the layout it brings
-MEMORY_PERIODS = 8      # the busiest of the last 8 periods' loads: a move must not break under it
 HEADROOM = 3.0          # room to grow: capacity at the load target for 3x the busiest 5-s window of the period
 MIN_OUTCOMES = 16       # finished requests with an SLO before the last period's attainment counts
 
@@ -184,6 +185,25 @@ def _measured_attainment(policy, arrivals, now: float, period: float) -> float |
     return float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
 
 
+def _remembered_peak(config, state: PlannerState, inst, demand: Demand, current_counts) -> tuple[np.ndarray, str]:
+    """The window rates of the busiest of the last `reconfigure_memory_periods` periods, and what it is. Until that
+    many have passed, the starting layout's capacity at the load target counts as one of them: the operator sized
+    the cluster for some load, and a light first spell says nothing about the next."""
+    memory = config.reconfigure_memory_periods
+    if state.sized_for is None:
+        state.sized_for = dict(current_counts)
+    state.recent.append(demand.window_rates)
+    while len(state.recent) > memory:
+        state.recent.popleft()
+    state.periods += 1
+    candidates = [(w, "the busiest recent period") for w in state.recent]
+    if state.periods < memory:
+        sized = config.load_target * predict(state.sized_for, inst, demand, config.load_target).capacity
+        candidates.append((np.full(len(demand.window_rates), sized),
+                           f"the load {describe_counts(state.sized_for)} was sized for"))
+    return max(candidates, key=lambda c: float(np.mean(c[0])))
+
+
 def _by_attainment(config, policy, models, instances, degrees, num_devices, arrivals, now, state):
     """The layout the attainment model ranks first, if its gain over the current one pays for the restart."""
     period = config.reconfigure_period_s
@@ -198,8 +218,8 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
                              credit_share=config.credit_share, row_tokens=row_tokens) for d in degrees}
     current_counts = {d: n for d in degrees if (n := sum(1 for v in instances.values() if v == d))}
     current = predict(current_counts, inst, demand, config.load_target)
-    state.recent.append(demand.window_rates)
-    peak = dataclasses.replace(demand, window_rates=max(state.recent, key=lambda w: float(np.mean(w))))
+    peak_rates, peak_name = _remembered_peak(config, state, inst, demand, current_counts)
+    peak = dataclasses.replace(demand, window_rates=peak_rates)
     need = max(HEADROOM * float(np.max(demand.window_rates)), float(np.max(peak.window_rates)))
 
     def has_room(p: Prediction) -> bool:
@@ -224,7 +244,7 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     if target == current_counts or not moved_devices:
         go, why = False, f"the best layout is the current one ({describe_counts(current_counts)})"
     elif at_peak[1] < at_peak[0] - config.reconfigure_min_gain:
-        go, why = False, (f"at the busiest recent period ({float(np.mean(peak.window_rates)):.1f} req/s) it would meet "
+        go, why = False, (f"at {peak_name} ({float(np.mean(peak.window_rates)):.1f} req/s) it would meet "
                           f"{at_peak[1]:.3f} against {at_peak[0]:.3f}")
     elif since is not None and since < period:
         go, why = False, f"the last change was {since:.3g} s ago (< one period, {period:g} s)"
