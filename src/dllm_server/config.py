@@ -181,7 +181,7 @@ class ClusterConfig(_Section):
     reconfigure_min_gain: float = _f(0.02, "the least gain a regroup must bring (hysteresis): in SLO attainment "
                                      "after the restart's price (attainment), in mean threshold (ilp)", ge=0.0, lt=1.0)
     reconfigure_memory_periods: int = _f(8, "periods the planner remembers: a move must carry the busiest; until "
-                                         "then the starting layout's capacity at the load target is one", ge=1)
+                                         "then the load the starting layout meets its SLOs at is one", ge=1)
     reconfigure_restart_s: float = _f(30.0, "seconds a regroup keeps a wave's devices out, until one is measured "
                                       "(the attainment planner's restart price)", gt=0.0)
     reconfigure_wave_share: float = _f(0.5, "the largest share of the devices a regroup takes out at once, a wave "

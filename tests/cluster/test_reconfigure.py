@@ -255,6 +255,35 @@ def test_the_layout_the_cluster_starts_in_is_the_load_it_was_sized_for_until_the
     assert decide(config, policy, load, {0: 2}, (4, 4), 2, _steady(40, 100.0, 10.0), 100.0, PlannerState()) == [1, 1]
 
 
+@pytest.mark.parametrize("slo_s, capped", [(0.1, False), (30.0, True)])
+def test_the_sized_for_load_is_where_the_start_stops_meeting_its_slos_or_its_capacity(slo_s, capped):
+    """The load a start was sized for: the highest steady rate at which it meets at most the min gain less than it
+    does unloaded (tight SLOs: below its capacity), never above its capacity at the load target (loose SLOs)."""
+    import dataclasses
+    import numpy as np
+    from dllm_server.cluster.attainment import InstanceModel, predict
+    from dllm_server.cluster.capacity_table import from_step_time_model
+    from dllm_server.cluster.planner import _sized_for_rate, degree_models, sample_demand
+    config, policy, load = _planner_inputs({0: 1, 1: 1})
+    policy.classes.clear()
+    policy.classes.extend([(slo_s, policy.new_work, 4.0, 100)] * 32)
+    demand = sample_demand(policy, _steady(2, 100.0, 10.0), 100.0, 10.0)
+    models = degree_models(load, {0: 1, 1: 1}, [1, 2], serial_share=0.4)
+    inst = {d: InstanceModel(from_step_time_model(models, 8), d, config.max_active_decodes, demand, 5,
+                             token_budget=None, credit_share=config.credit_share, row_tokens=8) for d in (1, 2)}
+    start = {1: 2}
+
+    def met(rate):
+        return predict(start, inst, dataclasses.replace(demand, window_rates=np.full(2, rate)),
+                       config.load_target).attainment
+    rate = _sized_for_rate(config, start, inst, demand)
+    cap = config.load_target * predict(start, inst, demand, config.load_target).capacity
+    floor = met(1e-3) - config.reconfigure_min_gain
+    assert 0 < rate <= cap and met(rate) >= floor
+    assert (rate == cap) == capped
+    assert capped or met(rate + 0.002 * cap) < floor
+
+
 async def test_the_planner_regroups_by_itself_and_answers_identically(tiny_llada):
     """--reconfigure on 2 CPU workers with no call from the test: light requests with a loose SLO tie on
     attainment, the prior prices one TP2 instance's tail below two TP1s', so a planner that remembers one period (no

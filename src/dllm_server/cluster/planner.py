@@ -185,10 +185,29 @@ def _measured_attainment(policy, arrivals, now: float, period: float) -> float |
     return float(np.mean(recent)) if steady and len(recent) >= MIN_OUTCOMES else None
 
 
+def _sized_for_rate(config, start: dict[int, int], inst, demand: Demand) -> float:
+    """The highest steady rate at which the starting layout is predicted to meet at most --reconfigure-min-gain less
+    than it meets unloaded, and no more than its capacity at the load target: the load a cluster sized to meet SLOs
+    was chosen for (its capacity alone would overstate many small, slow instances)."""
+    n = len(demand.window_rates)
+
+    def met(rate: float) -> float:
+        return predict(start, inst, dataclasses.replace(demand, window_rates=np.full(n, rate)),
+                       config.load_target).attainment
+    floor = met(1e-3) - config.reconfigure_min_gain
+    lo, hi = 0.0, config.load_target * predict(start, inst, demand, config.load_target).capacity
+    if met(hi) >= floor:
+        return hi
+    for _ in range(10):                       # bisection to 0.1 % of the capacity
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if met(mid) >= floor else (lo, mid)
+    return lo
+
+
 def _remembered_peak(config, state: PlannerState, inst, demand: Demand, current_counts) -> tuple[np.ndarray, str]:
     """The window rates of the busiest of the last `reconfigure_memory_periods` periods, and what it is. Until that
-    many have passed, the starting layout's capacity at the load target counts as one of them: the operator sized
-    the cluster for some load, and a light first spell says nothing about the next."""
+    many have passed, the load the starting layout was sized for counts as one of them: the operator sized the
+    cluster for some load, and a light first spell says nothing about the next."""
     memory = config.reconfigure_memory_periods
     if state.sized_for is None:
         state.sized_for = dict(current_counts)
@@ -198,7 +217,7 @@ def _remembered_peak(config, state: PlannerState, inst, demand: Demand, current_
     state.periods += 1
     candidates = [(w, "the busiest recent period") for w in state.recent]
     if state.periods < memory:
-        sized = config.load_target * predict(state.sized_for, inst, demand, config.load_target).capacity
+        sized = _sized_for_rate(config, state.sized_for, inst, demand)
         candidates.append((np.full(len(demand.window_rates), sized),
                            f"the load {describe_counts(state.sized_for)} was sized for"))
     return max(candidates, key=lambda c: float(np.mean(c[0])))
