@@ -255,6 +255,26 @@ def test_the_layout_the_cluster_starts_in_is_the_load_it_was_sized_for_until_the
     assert decide(config, policy, load, {0: 2}, (4, 4), 2, _steady(40, 100.0, 10.0), 100.0, PlannerState()) == [1, 1]
 
 
+@pytest.mark.parametrize("load_target", [0.7, 0.9])
+def test_a_move_with_room_for_the_remembered_peak_is_refused_where_it_would_meet_less_there(load_target):
+    """2 x TP1 with 0.1-s SLOs was sized for 43.6 req/s (the test below); at 2 req/s one TP2 ties it. At a load
+    target of 0.7 one TP2 has no room for that load, and room to grow keeps 2 x TP1. At 0.9 it has room (0.9 x its
+    capacity is above 43.6 req/s), yet at that load it would meet none of the SLOs that 2 x TP1 meets: the rule that
+    scores a move at the remembered peak is what refuses it, with room to grow satisfied."""
+    from dllm_server.cluster.planner import PlannerState, decide
+    config, policy, load = _planner_inputs({0: 1, 1: 1}, load_target=load_target)
+    policy.classes.clear()
+    policy.classes.extend([(0.1, policy.new_work, 4.0, 100)] * 32)
+    state = PlannerState()
+    assert decide(config, policy, load, {0: 1, 1: 1}, (4, 4), 2, _steady(2, 100.0, 10.0), 100.0, state) is None
+    last = state.last
+    if load_target == 0.7:
+        assert last["target"] == [1, 1] and "the best layout is the current one" in last["why"], last
+        return
+    assert last["target"] == [2] and last["target_room"] >= last["need"] > 40.0, last
+    assert "the load 2 x TP1 was sized for" in last["why"] and "it would meet 0.000 against 1.000" in last["why"]
+
+
 @pytest.mark.parametrize("slo_s, capped", [(0.1, False), (30.0, True)])
 def test_the_sized_for_load_is_where_the_start_stops_meeting_its_slos_or_its_capacity(slo_s, capped):
     """The load a start was sized for: the highest steady rate at which it meets at most the min gain less than it

@@ -258,14 +258,39 @@ def test_routing_by_predicted_completion_prefers_the_sooner_worker():
     assert keeps_request(loads, "colocated", 0, 4, {0: 0.2, 1: 0.2}) is True         # ties stay put
     shared = [dataclasses.replace(loads[0], holding=1), *loads[1:]]      # another request runs on worker 0
     assert keeps_request(shared, "colocated", 0, 4, {0: 0.3, 1: 0.2}) is False
-    # through the scheduler: worker 1's profile says it is twice as fast, so both go there while idle
+    # through the scheduler: worker 1, a TP2 instance, is twice as fast as worker 0, so both go there while idle
     s, sent, _ = make(["colocated", "colocated"], routing="completion")
     fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
     s.load.seed(0, [(d, k, p, q, 2 * t) for d, k, p, q, t in fast])
-    s.load.seed(1, fast)
+    s.load.forget(1)
+    s.load.seed(1, fast, tp_size=2)
     s.add(request("a"))
     s.add(request("b", seq=1))
     assert [w for w, _ in of(sent, SubmitBlock)] == [1, 1]
+
+
+def test_instances_of_one_tp_degree_share_one_step_time_model():
+    """Identical instances fitted apart disagreed by up to 2x, and routing by completion followed the disagreement:
+    every TP1 worker reads one model (seeded by the first, refined by all their reports), a TP2 its own; a slot
+    that a regroup emptied and refilled joins its new degree's model."""
+    from dllm_server.costmodel.step_time import features
+    from dllm_server.costmodel.worker_speed import WorkerLoadModel
+    fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
+    load = WorkerLoadModel(8)
+    load.seed(0, fast, tp_size=1)
+    load.seed(1, [(d, k, p, q, 2 * t) for d, k, p, q, t in fast], tp_size=1)    # the second's profile not added
+    load.seed(2, [(d, k, p, q, 3 * t) for d, k, p, q, t in fast], tp_size=2)
+    x = features(32, 192)
+    assert load.models[0] is load.models[1] and load.models[2] is not load.models[0]
+    assert load.models[1].predict(x) == pytest.approx(0.001 + 32e-5, rel=0.05)
+    assert load.models[2].predict(x) == pytest.approx(3 * (0.001 + 32e-5), rel=0.05)
+    load.forget(2)
+    load.seed(2, fast, tp_size=1)
+    assert load.models[2] is load.models[0]
+    alone = WorkerLoadModel(8)          # no degree given: each worker its own model, as before
+    alone.seed(0, fast)
+    alone.seed(1, fast)
+    assert alone.models[0] is not alone.models[1]
 
 
 def test_a_request_alone_on_its_worker_moves_only_to_a_faster_instance():
@@ -315,7 +340,8 @@ def test_slo_class_routing_sends_a_loose_request_to_the_slow_worker_and_a_tight_
     s, sent, _ = make(["colocated", "colocated"], routing="slo-class")
     fast = [(d, d * 6, 0.0, 0.0, 0.001 + 1e-5 * d) for d in (8, 16, 32, 64)]
     s.load.seed(0, [(d, k, p, q, 3 * t) for d, k, p, q, t in fast])
-    s.load.seed(1, fast)
+    s.load.forget(1)
+    s.load.seed(1, fast, tp_size=4)                  # a TP4 instance beside a TP1
     s.add(request("loose", slo_ms=60_000))
     s.add(request("tight", seq=1, slo_ms=60))         # 3 blocks: 20 ms a block, the fast one takes ~5 ms
     s.add(request("none", seq=2))

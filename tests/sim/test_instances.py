@@ -68,7 +68,7 @@ def test_profiles_seed_each_workers_step_time_model_where_the_engine_profiles():
     res = sim.run(preset_workload("sharegpt", 20, 4.0, seed=2, max_len=4096))
     assert res.unfinished == 0 and all(r.thresholds for r in res.requests)
     plain, _ = two_instances()                                     # fixed policy, routing by load: no profile
-    assert not plain.scheduler.load.models
+    assert not any(m.ready for m in plain.scheduler.load.models.values())
 
 
 def test_layouts_and_per_request_slos():

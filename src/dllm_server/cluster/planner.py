@@ -287,6 +287,7 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     state.last = {"regroup": go, "why": why, "rate": float(np.mean(demand.window_rates)),
                   "target": layout, "current": sorted(instances.values(), reverse=True),
                   "current_attainment": current.attainment, "target_attainment": best.attainment,
+                  "need": need, "target_room": config.load_target * best.capacity,
                   "measured_attainment": measured,
                   "current_tail_s": current.tail_s, "target_tail_s": best.tail_s, "price": price,
                   "current_mean_threshold": current.mean_threshold, "target_mean_threshold": best.mean_threshold}

@@ -29,13 +29,21 @@ class WorkerLoadModel:
         self.block_length = block_length
         self.models: dict[int, StepTimeModel] = collections.defaultdict(StepTimeModel)
         self.reports: dict[int, LoadReport] = {}
+        self.by_degree: dict[int, StepTimeModel] = {}     # the one model every instance of a TP degree shares
 
     def forget(self, worker_id: int) -> None:
         """The instance in this slot is gone (a regroup): the next one starts a fresh model."""
         self.models.pop(worker_id, None)
         self.reports.pop(worker_id, None)
 
-    def seed(self, worker_id: int, profile) -> None:
+    def seed(self, worker_id: int, profile, tp_size: int | None = None) -> None:
+        """`worker_id`'s model from its start-up profile. Instances of one TP degree (one device type per server) share
+        one model, seeded by the first profile that fits it: fitted apart on their own reports, identical instances
+        disagreed by up to 2x, and routing by completion sent work to whichever looked faster."""
+        if tp_size is not None:
+            shared = self.models[worker_id] = self.by_degree.setdefault(tp_size, self.models[worker_id])
+            if shared.ready:
+                return
         for d, dk, p, psq, seconds in profile:
             self.models[worker_id].add(features(d, dk, p, psq), seconds)
 

@@ -207,7 +207,7 @@ class Scheduler:
                 self._run(self.handoffs.on_handoff_done(msg))
             elif isinstance(msg, WorkerReady):
                 self.workers.on_ready(msg)
-                self.load.seed(wid, msg.profile)
+                self.load.seed(wid, msg.profile, msg.tp_size)
             elif isinstance(msg, WorkerFailed):
                 log.error("worker %d failed:\n%s", wid, msg.traceback)
                 self.failure = self.failure or f"worker {wid} failed to start:\n{msg.traceback}"
