@@ -346,6 +346,25 @@ def test_a_short_last_block_is_priced_by_its_positions():
     assert policy.work["short"] == pytest.approx(2 * per_block + 1.0)          # the third commits one position
 
 
+def test_a_started_block_is_priced_by_the_positions_it_has_left():
+    """A first block under way, half its positions committed: with no confidence summary the estimator alone prices
+    its rest at a forward a position still masked, and requests whose SLO fitted were flagged hopeless mid-block.
+    It is half a block at the forwards blocks took at each candidate."""
+    from dllm_server.messages import StepDelta
+    policy = _policy_on_one_worker()
+    policy.block_forwards = {0.95: 8.0, 0.9: 6.0, 0.8: 5.0, 0.7: 4.0, 0.6: 3.0, 0.5: 2.0}   # as blocks ran
+    st = _request("r", 60_000, max_tokens=16)                       # two blocks of eight
+    policy.block_policies([(st, 0)])
+    st.answer[:4] = [5, 5, 5, 5]
+    policy.on_step(st, StepDelta("r", 0, 1, (3, 4, 5, 6), (5, 5, 5, 5), 12), 0, 0.0)
+    policy.block_policies([(st, 0)])
+    per_block = np.asarray([8.0, 6.0, 5.0, 4.0, 3.0, 2.0])
+    assert policy.work["r"] == pytest.approx(per_block / 2 + per_block)    # half of this block, all of the next
+    policy.block_policies([(st, 1)])           # the next block's lease: this one at the threshold it runs at
+    running = per_block[list(policy.candidates).index(policy.decided["r"][0])]
+    assert policy.work["r"] == pytest.approx(running / 2 + per_block)
+
+
 def test_the_planner_gets_no_slo_class_priced_before_any_block_ran():
     """The simple estimator prices every threshold alike until a block has run at one (pessimistically): such an
     admission would sit in the cluster planner's sample for 256 admissions, a request it thinks no layout serves."""

@@ -16,7 +16,7 @@ from ..messages import BlockDone, StepDelta
 from .base import StaticPolicy, names_a_rule, request_rule
 from .load_control import LoadController, arrival_rate, demand_rate
 from ..costmodel.worker_speed import WorkerLoadModel
-from .progress import Progress, candidate_rows, feature_row
+from .progress import TAU, Progress, candidate_rows, feature_row
 from ..costmodel.work_ahead import Others, queued_seconds
 from .thresholds import (allowed, allowed_mask, choose_indices, forwards_per_block, lowest_allowed, price_blocks,
                          remaining_seconds)
@@ -219,8 +219,10 @@ class SLOPolicy(StaticPolicy):
         per_block = forwards_per_block(cands, self.block_forwards) if self.predictor.name == "simple" else None
         if per_block is not None:     # the estimator prices blocks alike at every threshold: not so
             last = np.asarray([p.block_fraction(p.num_blocks - 1) for p in progs])
-            here = np.asarray([p.block_fraction(k) for p, (_, k) in zip(progs, items)])
-            fut, block_rem = price_blocks(per_block, fut_blocks, block_rem, starting, here, last)
+            masked = np.asarray([p.masked_in_block / p.block_length for p in progs])
+            order = np.argsort(cands)
+            running = np.interp(base[:, TAU], np.asarray(cands)[order], per_block[order])   # at its own threshold
+            fut, block_rem = price_blocks(per_block, fut_blocks, current, masked, last, running)
         work = block_rem + fut
         # an unstarted block begins with a recompute step; a block-causal request recomputes only its prefill
         causal = np.asarray([st.params.block_causal for st, _ in items])

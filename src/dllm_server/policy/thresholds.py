@@ -24,14 +24,19 @@ def forwards_per_block(candidates: tuple[float, ...], observed: dict[float, floa
     return out
 
 
-def price_blocks(per_block: np.ndarray, fut_blocks: np.ndarray, block_rem: np.ndarray, starting: np.ndarray,
-                 current_frac: np.ndarray, last_frac: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([R, C] forwards of the later blocks, [R, C] of the current one): each block at per_block [C], the forwards
+def price_blocks(per_block: np.ndarray, fut_blocks: np.ndarray, current: np.ndarray, masked_frac: np.ndarray,
+                 last_frac: np.ndarray, running: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([R, C] forwards of the later blocks, [R, C] of the block under way): each block at per_block [C], the forwards
     blocks took at each candidate, a short one (the last; a block-causal first) in proportion to its positions
-    (`*_frac` [R]: positions / block length), never under one forward; a started current block keeps block_rem."""
+    (`last_frac` [R]: positions / block length), never under one forward. The block under way in proportion to its
+    positions still masked (`masked_frac` [R]), started or not: at each candidate where the decision is for it
+    (`current` [R]), else (a lease for the next block) at `running` [R], the forwards blocks took at the threshold
+    it runs at. The estimator alone priced a first block's rest at the positions that clear the threshold now, one
+    a forward early on, and flagged requests whose SLO fitted as hopeless."""
     last = np.maximum(1.0, last_frac[:, None] * per_block)
     fut = np.where(fut_blocks >= 1, (fut_blocks - 1) * per_block + last, 0.0)
-    return fut, np.where(starting[:, None], np.maximum(1.0, current_frac[:, None] * per_block), block_rem)
+    forwards = np.where(current[:, None], per_block[None, :], running[:, None])
+    return fut, np.where(masked_frac[:, None] > 0, np.maximum(1.0, masked_frac[:, None] * forwards), 0.0)
 
 
 def allowed(candidates: tuple[float, ...], cap: float, floor: float) -> tuple[float, ...]:
