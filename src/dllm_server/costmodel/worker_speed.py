@@ -32,7 +32,7 @@ class WorkerLoadModel:
         self.by_degree: dict[int, StepTimeModel] = {}     # the one model every instance of a TP degree shares
 
     def forget(self, worker_id: int) -> None:
-        """The instance in this slot is gone (a regroup): the next one starts a fresh model."""
+        """The instance in this slot is gone (a regroup): the next one reads its own degree's model (`seed`)."""
         self.models.pop(worker_id, None)
         self.reports.pop(worker_id, None)
 
