@@ -58,3 +58,19 @@ async def test_per_block_thresholds_match_the_offline_api(engine_config, tiny_ll
         assert [p.threshold for p in o.stats.block_policies] == schedule    # what each block ran with
     # the schedule really changed the decoding: fewer forwards than threshold 0.95 throughout
     assert sum(o.stats.num_forwards for o in got) < sum(o.stats.num_forwards for o in plain)
+
+
+async def test_the_engine_is_ready_only_once_start_has_read_the_model(engine_config):
+    """The workers' readiness wakes start() one loop turn later; a /health probe in that turn found the engine ready
+    with no model info yet (a 500 in a CI soak). Every loop turn while it starts: ready implies the model is known."""
+    engine = AsyncEngine(engine_config)
+    starting = asyncio.ensure_future(engine.start(timeout_s=120))
+    seen = []
+    while not starting.done():
+        seen.append((engine.is_ready, engine.model_info is not None))
+        await asyncio.sleep(0)
+    try:
+        await starting
+        assert engine.is_ready and all(known for ready, known in seen if ready)
+    finally:
+        await engine.shutdown(0)

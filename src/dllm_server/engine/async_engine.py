@@ -81,6 +81,8 @@ class AsyncEngine:
         self._death_reasons: dict[int, str] = {}
         self.regroups: ServerRegroups | None = None
         self._ready = asyncio.Event()          # a later restart leaves it set
+        self._started = False                  # start() has read the model's info: the workers' readiness alone
+                                               # let a request in before it, and /health failed on model_info None
         self._failed = asyncio.Event()
         self._tick_due = False
 
@@ -109,6 +111,7 @@ class AsyncEngine:
             self._watch_task = asyncio.ensure_future(self._watch())
         if self.config.reconfigure:
             self.regroups.start_planner(lambda: not (self.draining or self.dead))
+        self._started = True
         log.info("engine ready: %d worker(s), placement %s", len(self.roles), self.config.placement)
 
     async def drain(self, timeout_s: float) -> int:
@@ -143,7 +146,7 @@ class AsyncEngine:
 
     @property
     def is_ready(self) -> bool:
-        return self.scheduler is not None and self._ready.is_set() and not self.dead
+        return self._started and self._ready.is_set() and not self.dead
 
     @property
     def is_healthy(self) -> bool:
