@@ -78,15 +78,15 @@ def test_the_token_budget_bounds_the_fed_batch():
 def test_at_light_load_each_request_takes_the_highest_threshold_that_fits():
     dem = demand(budget=0.3)
     m = model(dem)
-    latency, chosen, served, _, (p_wait, _) = m.at_load(1e-4, 0.0, 0)
-    assert served == 1.0 and p_wait < 1e-3
+    load = m.at_load(1e-4, 0.0, 0)
+    latency, chosen = load.latency, load.chosen
+    assert load.served == 1.0 and load.p_wait < 1e-3
     fits = m.alone <= 0.3 + 1e-9
     want = np.where(fits.any(axis=1), np.argmax(fits, axis=1), len(TAUS) - 1)
     assert chosen.tolist() == want.tolist()
     assert latency == pytest.approx(m.alone[np.arange(len(chosen)), chosen], rel=1e-3)
     # a cap holds every request at or below it
-    _, capped, *_ = m.at_load(1e-4, 0.0, 2)
-    assert capped.min() >= 2
+    assert m.at_load(1e-4, 0.0, 2).chosen.min() >= 2
 
 
 def test_predictions_fall_with_load_and_rise_with_speed():
@@ -124,3 +124,62 @@ def test_empty_layout_and_no_load():
     assert predict({}, {}, dem).attainment == 0.0
     p = predict({1: 1}, {1: model(dem)}, dem)
     assert p.attainment == 1.0 and p.mean_threshold == TAUS[0]
+
+
+def test_slowdowns_are_the_birth_death_queue_by_hand():
+    """One instance whose fed batch is 2: N = 0, 1, 2 requests, then every seat fed (a geometric tail). An arrival
+    that finds N others runs at t(1 + N) / t(1) (N / 1 others on one instance, capped at the batch less itself)."""
+    import math
+    dem = demand(budget=1.0)
+    m = model(dem, seats=2)
+    j = len(TAUS) - 1
+    m.seats[j] = 2.0
+    fbar, rate = 10.0, 3.0
+    served = [n / (fbar * m.time(j, n)) for n in (1, 2)]             # requests/s at 1 and 2 seated
+    lam = rate
+    p = [1.0, lam / served[0], lam * lam / (served[0] * served[1])]
+    p[2] /= 1.0 - lam / served[1]                                      # N >= 2: the tail
+    p = [x / sum(p) for x in p]
+    slow = [1.0, m.time(j, 2) / m.time(j, 1), m.time(j, 2) / m.time(j, 1)]
+    u = (np.arange(16) + 0.5) / 16
+    want = [slow[int(np.searchsorted(np.cumsum(p), x))] for x in u]
+    assert m.slowdowns(j, rate, fbar, 1) == pytest.approx(want)
+    assert not math.isclose(p[0], 1.0)
+
+
+def test_company_slows_a_request_even_where_the_mean_batch_is_under_one():
+    """Little's law puts the mean batch under one at half the load an instance serves; the requests that arrive
+    while another runs still share its iterations. Pooling more instances (least-loaded routing) lowers it."""
+    dem = demand(budget=1.0)
+    m = model(dem, token_budget=1024)
+    j = len(TAUS) - 1
+    fbar = float(dem.forwards[:, j].mean())
+    assert m.slowdowns(j, 0.0, fbar, 1).tolist() == [1.0] * 16
+    half = 0.5 * m.capacity
+    means = [m.slowdowns(j, r, fbar, 1).mean() for r in (0.2 * half, half, 1.8 * half)]
+    assert 1.0 < means[0] < means[1] < means[2]
+    assert m.slowdowns(j, half, fbar, 8).mean() < means[1]
+
+
+def test_a_request_slowed_past_its_threshold_falls_back_to_the_floor():
+    """The policy chooses each block's threshold as it runs: a request misses only where even the floor does not
+    fit the slowdown it meets."""
+    import dataclasses
+    dem = demand(budget=1.0)
+    m = model(dem)
+    load = m.at_load(1e-4, 0.0, 0)
+    floor = m.alone[:, -1]
+    slowed = dataclasses.replace(load, slowdowns=np.array([1.0, 1.0, 3.0, 3.0]), p_wait=0.0)
+    budgets = np.where(np.arange(len(floor)) % 2 == 0, 1.5 * floor, 3.5 * floor)   # fits at 1x only / at 3x too
+    m.demand = dataclasses.replace(dem, budgets_s=budgets)
+    assert m.met(slowed, 0.0).tolist() == np.where(np.arange(len(floor)) % 2 == 0, 0.5, 1.0).tolist()
+
+
+def test_a_backlog_at_the_start_is_served_before_the_new_arrivals():
+    """Requests already waiting (a regroup's wave left them) delay the next windows' arrivals until drained."""
+    dem = demand(rates=(20.0, 20.0, 20.0), budget=1.0)
+    models = {1: model(dem, token_budget=1024)}
+    clean = predict({1: 2}, models, dem)
+    assert predict({1: 2}, models, dem, backlog=0.0) == clean
+    met = [predict({1: 2}, models, dem, backlog=b).attainment for b in (20.0, 60.0, 200.0)]
+    assert clean.attainment > met[0] > met[1] > met[2]

@@ -82,12 +82,14 @@ def test_two_runs_decide_the_same(burst):
 @pytest.mark.parametrize("memory, moves", [(1, 1), (8, 0)])
 def test_a_steady_rate_settles_once(memory, moves):
     """From 2 x TP2 at 0.3 req/s one TP4 answers sooner. A planner that remembers one period moves there once,
-    within a period of its first decision with a request to plan for, then never again; with 8 (the default) the
-    starting layout is the load the cluster was sized for over the whole minute, and it never moves."""
+    within three periods of its first decision with a request to plan for (a move for the tail alone waits for a
+    restart priced under half a point and a p90 a sixth shorter, which a few requests a period blur), then never
+    again; with 8 (the default) the starting layout is the load the cluster was sized for over the whole minute,
+    and it never moves."""
     res, rc = run(trace([(60.0, 0.3)], seed=1), START, reconfigure_memory_periods=memory)
     assert len(rc.decisions) >= 5 and len(rc.records) == moves, decisions(rc)
     first = next(t for t, d in rc.decisions if not d["why"].startswith("no request"))
-    assert all(r.began_s <= first + 10.0 and r.target == [4] and "same attainment" in r.why for r in rc.records)
+    assert all(r.began_s <= first + 30.0 and r.target == [4] and "same attainment" in r.why for r in rc.records)
     assert res.unfinished == 0
 
 

@@ -13,6 +13,7 @@ from .capacity_table import IterationTime, iteration_at
 
 WINDOW_S = 5.0          # the forecast's burstiness: arrival rates over windows of this length
 RHO_MAX = 0.95         # a window over capacity queues as a backlog (predict), not as a steady-state queue
+SLOWDOWN_POINTS = 16   # quantiles of the slowdown distribution a prediction integrates over
 
 
 @dataclass(frozen=True)
@@ -74,33 +75,61 @@ class InstanceModel:
 
     def time(self, j: int, n: float) -> float:
         """t_j(n) for a fractional batch."""
-        return float(np.interp(n, np.arange(1, self.t.shape[1]), self.t[j, 1:]))
+        return float(self._times(j, n))
 
-    def at_load(self, rate: float, wait_s: float, cap_index: int, pooled: int = 1):
-        """(latency_s [R], chosen threshold index [R], served share, req/s served at most) at `rate` req/s with
-        requests waiting `wait_s` first, each at the highest threshold from the cap's down to the floor's that meets
-        its budget (else the floor); the batch from Little's law, n = rate F t(n)."""
+    def _times(self, j: int, n):
+        return np.interp(n, np.arange(1, self.t.shape[1]), self.t[j, 1:])
+
+    def slowdowns(self, j: int, rate: float, fbar: float, pooled: int) -> np.ndarray:
+        """SLOWDOWN_POINTS equally likely slowdowns t_j(n) / t_j(1) a request meets, n its instance's mean occupancy
+        while it runs: `pooled` instances fed by least-loaded routing as one birth-death queue (N requests in them,
+        each instance serving n / (fbar t_j(n)) requests a second), an arrival sees N (PASTA). A batch's iteration grows with its rows, so a mean batch
+        (Little's law) prices a request alone whenever the mean is under one, and misses the bursts of company."""
+        c, top = max(1, pooled), float(self.seats[j])
+        cap = int(np.ceil(top)) * c                                       # past this every seat is fed
+        # others on its instance: floor(N / c) where it arrives (the least loaded), N / c once later arrivals have
+        # filled every instance evenly; its life spans both, so the mean of the two
+        occupancy = np.minimum((np.arange(cap + 1) // c + np.arange(cap + 1) / c) / 2, top)
+        per_instance = np.minimum(np.arange(int(np.ceil(top)) + 2), top)
+        served = per_instance / self._times(j, np.maximum(per_instance, 1.0))                 # forwards/s
+        q, r = np.divmod(np.arange(cap + 1), c)                            # N split evenly over the instances
+        total = (c - r) * served[np.minimum(q, len(served) - 1)] + r * served[np.minimum(q + 1, len(served) - 1)]
+        lam = min(rate * c * fbar, RHO_MAX * total[-1])                     # an overload is predict's backlog
+        with np.errstate(divide="ignore"):
+            log_p = np.concatenate(([0.0], np.cumsum(np.log(lam) - np.log(total[1:])))) if lam > 0 else None
+        if log_p is None:
+            return np.ones(SLOWDOWN_POINTS)
+        p = np.exp(log_p - log_p.max())
+        p[-1] /= 1.0 - lam / total[-1]                                     # the geometric tail: every seat fed
+        p /= p.sum()
+        slow = self._times(j, 1.0 + np.minimum(occupancy, top - 1.0)) / self.t[j, 1]
+        u = (np.arange(SLOWDOWN_POINTS) + 0.5) / SLOWDOWN_POINTS
+        return slow[np.minimum(np.searchsorted(np.cumsum(p), u), cap)]
+
+    def at_load(self, rate: float, wait_s: float, cap_index: int, pooled: int = 1) -> "Load":
+        """What `rate` req/s on each of `pooled` instances meets, requests waiting `wait_s` first: each at the highest
+        threshold from the cap's down to the floor's that meets its budget at the mean slowdown (else the floor)."""
         f, b, alone = self.demand.forwards, self.demand.budgets_s, self.alone
         rows = np.arange(len(b))
         cols = np.arange(cap_index, self.floor_index + 1)
-        n, j = 1.0, self.floor_index
-        def choose(j: int, n: float):
-            slow = self.time(j, n) / self.t[j, 1]
+
+        def choose(slow: float) -> np.ndarray:
             fits = alone[:, cols] * slow + wait_s <= b[:, None]
-            return cols[np.where(fits.any(axis=1), np.argmax(fits, axis=1), len(cols) - 1)], slow
-        for _ in range(40):
-            chosen, slow = choose(j, n)
+            return cols[np.where(fits.any(axis=1), np.argmax(fits, axis=1), len(cols) - 1)]
+        slows = np.ones(SLOWDOWN_POINTS)
+        chosen = choose(1.0)
+        for _ in range(20):
             fbar = float(f[rows, chosen].mean())
             j = int(np.argmin(np.abs(self.mean_f - fbar)))           # the iteration time of this mix's recomputes
-            new = min(float(self.seats[j]), max(1.0, rate * fbar * self.time(j, n)))
-            if abs(new - n) < 1e-3 * n:
+            slows = self.slowdowns(j, rate, fbar, pooled)
+            again = choose(float(slows.mean()))
+            if np.array_equal(again, chosen):
                 break
-            n = 0.5 * (n + new)
-        chosen, slow = choose(j, n)             # the damped batch may sit between two mixes: choose at where it ends
-        t = self.time(j, n)
+            chosen = again
         top = float(self.seats[j])
-        service = alone[rows, chosen] * slow
-        served_max = top / float(service.mean() * self.time(j, top) / t)
+        run_alone = alone[rows, chosen]
+        service = run_alone * float(slows.mean())
+        served_max = top / float(run_alone.mean() * self.time(j, top) / self.t[j, 1])
         rho = min(rate / served_max, RHO_MAX) if served_max > 0 else RHO_MAX
         # G/G/c queueing for a seat (Sakasegawa): P(wait) and the mean wait of those who wait
         # routing to the least loaded pools the `pooled` instances of this degree into one queue
@@ -113,8 +142,30 @@ class InstanceModel:
         # between windows is predict's): the share of the steady state's waiting a window builds
         relax_s = (service.mean() / seats) * variability / (1.0 - np.sqrt(rho)) ** 2
         built = 1.0 - np.exp(-WINDOW_S / max(relax_s, 1e-12))
-        return service + wait_s, chosen, min(1.0, served_max / rate) if rate > 0 else 1.0, served_max, \
-            (p_wait * built, mean_wait / max(p_wait, 1e-12))
+        return Load(latency=service + wait_s, chosen=chosen, served=min(1.0, served_max / rate) if rate > 0 else 1.0,
+                    served_max=served_max, p_wait=float(p_wait * built), wait_mean=float(mean_wait / max(p_wait, 1e-12)),
+                    slowdowns=slows)
+
+    def met(self, load: "Load", wait_s: float) -> np.ndarray:
+        """Each request's chance to meet its budget over the slowdowns it may meet and a wait for a seat: the policy
+        chooses each block's threshold as it runs, so a request slowed more than its threshold allowed for falls
+        back as far as the floor; it misses only where the floor does not fit."""
+        floor = self.alone[:, self.floor_index]
+        slack = self.demand.budgets_s[:, None] - (floor[:, None] * load.slowdowns[None, :] + wait_s)
+        ok = 1.0 - load.p_wait * np.exp(-np.maximum(slack, 0.0) / max(load.wait_mean, 1e-12))
+        return np.where(slack < 0, 0.0, ok).mean(axis=1)
+
+
+@dataclass(frozen=True)
+class Load:
+    """InstanceModel.at_load's answer; per request [R] where an array."""
+    latency: np.ndarray      # at the mean slowdown, after the wait given
+    chosen: np.ndarray       # threshold index
+    served: float            # share of the rate served
+    served_max: float        # req/s at most
+    p_wait: float            # P(a request waits for a seat) within a window
+    wait_mean: float         # the mean wait of those who wait
+    slowdowns: np.ndarray    # SLOWDOWN_POINTS equally likely slowdowns
 
 
 def _alone_s(iteration_s: IterationTime, degree: int, demand: Demand, bucket: int = 64) -> np.ndarray:
@@ -143,39 +194,36 @@ def _fed_batch(per_seat: float, token_budget: int | None, credit_share: float, r
 
 
 def predict(layout: Mapping[int, int], models: Mapping[int, InstanceModel], demand: Demand,
-            target: float = 0.9) -> Prediction:
+            target: float = 0.9, backlog: float = 0.0) -> Prediction:
     """The layout's attainment over the demand's windows: load split by each instance's capacity, a backlog carried
     from an overloaded window to the next (its wait added to every request there, so what a window cannot serve
     is counted where it is served), the policy's cap the highest threshold whose load stays within `target` of
-    what the instance serves (load control)."""
+    what the instance serves (load control). `backlog`: requests already waiting at the start, split likewise."""
     counts = {d: n for d, n in layout.items() if n}
     if not counts:
         return Prediction(0.0, 0.0, float("inf"), 0.0)
     total_cap = sum(n * models[d].capacity for d, n in counts.items())
     taus = np.asarray(demand.thresholds)
-    b = demand.budgets_s
     met_sum = tau_sum = weight = 0.0
     lats, lat_w = [], []
-    backlog = dict.fromkeys(counts, 0.0)
+    waiting = {d: backlog * models[d].capacity / total_cap for d in counts}     # per instance
     for rate in demand.window_rates:
         for d, n in counts.items():
             m = models[d]
             share = rate * m.capacity / total_cap                # one instance's req/s
             # behind the backlog carried in, and half of what this window adds to it (the fluid queue's mean)
-            wait = (backlog[d] + max(0.0, share - m.capacity) * WINDOW_S / 2) / max(m.capacity, 1e-12)
+            wait = (waiting[d] + max(0.0, share - m.capacity) * WINDOW_S / 2) / max(m.capacity, 1e-12)
             for cap in range(m.floor_index + 1):
-                latency, chosen, served, served_max, (p_wait, wait_mean) = m.at_load(share, wait, cap, n)
-                if served_max * target >= share:
+                load = m.at_load(share, wait, cap, n)
+                if load.served_max * target >= share:
                     break                                        # load control: the highest cap within target
             w = n * share * WINDOW_S
-            slack = b - latency              # a request waiting W for a seat meets its SLO iff W <= slack
-            met = np.where(slack < 0, 0.0, 1.0 - p_wait * np.exp(-np.maximum(slack, 0) / max(wait_mean, 1e-12)))
-            met_sum += w * float(met.mean())          # what a window leaves unserved waits in the next
-            tau_sum += w * float(taus[chosen].mean())
+            met_sum += w * float(m.met(load, wait).mean())      # what a window leaves unserved waits in the next
+            tau_sum += w * float(taus[load.chosen].mean())
             weight += w
-            backlog[d] = max(0.0, backlog[d] + (share - served_max) * WINDOW_S)
-            lats.append(latency + p_wait * wait_mean)
-            lat_w.append(np.full(len(latency), w))
+            waiting[d] = max(0.0, waiting[d] + (share - load.served_max) * WINDOW_S)
+            lats.append(load.latency + load.p_wait * load.wait_mean)
+            lat_w.append(np.full(len(load.latency), w))
     if weight <= 0:
         return Prediction(1.0, float(taus[0]), 0.0, total_cap)
     lat, wts = np.concatenate(lats), np.concatenate(lat_w)

@@ -147,18 +147,20 @@ def sample_demand(policy, arrivals: list[float], now: float, period_s: float) ->
                   window_rates=window_rates(t, now, period_s), arrival_cv2=cv2)
 
 
-def choose(scored: list[tuple[Prediction, dict]], has_room, band: float) -> tuple[Prediction, dict]:
+def choose(scored: list[tuple[Prediction, dict]], has_room, band: float, at_peak) -> tuple[Prediction, dict]:
     """Among the layouts within `band` of the best attainment (a smaller gain would not pay for a regroup): those
-    with room to grow first, then attainment to half a point, then the shorter tail. At light load every layout
-    meets nearly every SLO, and the few fastest instances would leave no room."""
+    with room to grow first, then attainment to half a point, then what each would meet at the busiest load
+    remembered (to half a point), then the shorter tail. At light load every layout meets nearly every SLO, and
+    the few fastest instances would leave no room, or meet less when the load returns."""
     top = max(p.attainment for p, _ in scored)
     near = [(p, lay) for p, lay in scored if p.attainment >= top - band]
-    return max(near, key=lambda pl: (has_room(pl[0]), round(pl[0].attainment * 200), -pl[0].tail_s))
+    return max(near, key=lambda pl: (has_room(pl[0]), round(pl[0].attainment * 200),
+                                     round(at_peak(pl[1]) * 200), -pl[0].tail_s))
 
 
 def _restart_price(config, inst, demand, current_counts, current, target, num_devices, out_s):
-    """(devices that move, the attainment a regroup costs): while a wave is out the rest serve the load, for each
-    wave's restart, spread over the horizon."""
+    """(devices that move, the attainment a regroup costs over the horizon): while a wave is out the rest serve the
+    load, and what they cannot serve waits for the new layout, which drains it while serving the load."""
     moved = {d: max(0, n - target.get(d, 0)) for d, n in current_counts.items()}
     moved_devices = sum(d * n for d, n in moved.items())
     if not moved_devices:
@@ -171,8 +173,13 @@ def _restart_price(config, inst, demand, current_counts, current, target, num_de
         degraded[d] -= take
         left -= take * d
     during = predict(degraded, inst, demand, config.load_target)
-    loss = max(0.0, current.attainment - during.attainment)
-    return moved_devices, loss * waves * out_s / (HORIZON_PERIODS * config.reconfigure_period_s)
+    out = waves * out_s
+    piled = max(0.0, float(np.mean(demand.window_rates)) - during.capacity) * out
+    after = predict(target, inst, demand, config.load_target, backlog=piled).attainment
+    drained = predict(target, inst, demand, config.load_target).attainment - after     # over one period
+    period = config.reconfigure_period_s
+    return moved_devices, (max(0.0, current.attainment - during.attainment) * out + max(0.0, drained) * period) / (
+        HORIZON_PERIODS * period)
 
 
 def _measured_attainment(policy, arrivals, now: float, period: float) -> float | None:
@@ -244,7 +251,8 @@ def _by_attainment(config, policy, models, instances, degrees, num_devices, arri
     def has_room(p: Prediction) -> bool:
         return config.load_target * p.capacity >= need
     scored = [(predict(lay, inst, demand, config.load_target), lay) for lay in layouts(num_devices, degrees)]
-    best, target = choose(scored, has_room, config.reconfigure_min_gain)
+    best, target = choose(scored, has_room, config.reconfigure_min_gain,
+                          lambda lay: predict(lay, inst, peak, config.load_target).attainment)
     out_s = state.out_s if state.out_s is not None else config.reconfigure_restart_s
     moved_devices, price = _restart_price(config, inst, demand, current_counts, current, target, num_devices, out_s)
 
