@@ -83,8 +83,9 @@ class InstanceModel:
     def slowdowns(self, j: int, rate: float, fbar: float, pooled: int) -> np.ndarray:
         """SLOWDOWN_POINTS equally likely slowdowns t_j(n) / t_j(1) a request meets, n its instance's mean occupancy
         while it runs: `pooled` instances fed by least-loaded routing as one birth-death queue (N requests in them,
-        each instance serving n / (fbar t_j(n)) requests a second), an arrival sees N (PASTA). A batch's iteration grows with its rows, so a mean batch
-        (Little's law) prices a request alone whenever the mean is under one, and misses the bursts of company."""
+        each instance serving n / (fbar t_j(n)) requests a second), an arrival sees N (PASTA). A batch's iteration
+        grows with its rows, so a mean batch (Little's law) would price a request alone whenever the mean is under
+        one, and miss the bursts of company."""
         c, top = max(1, pooled), float(self.seats[j])
         cap = int(np.ceil(top)) * c                                       # past this every seat is fed
         # others on its instance: floor(N / c) where it arrives (the least loaded), N / c once later arrivals have
@@ -143,8 +144,8 @@ class InstanceModel:
         relax_s = (service.mean() / seats) * variability / (1.0 - np.sqrt(rho)) ** 2
         built = 1.0 - np.exp(-WINDOW_S / max(relax_s, 1e-12))
         return Load(latency=service + wait_s, chosen=chosen, served=min(1.0, served_max / rate) if rate > 0 else 1.0,
-                    served_max=served_max, p_wait=float(p_wait * built), wait_mean=float(mean_wait / max(p_wait, 1e-12)),
-                    slowdowns=slows)
+                    served_max=served_max, p_wait=float(p_wait * built),
+                    wait_mean=float(mean_wait / max(p_wait, 1e-12)), slowdowns=slows)
 
     def met(self, load: "Load", wait_s: float) -> np.ndarray:
         """Each request's chance to meet its budget over the slowdowns it may meet and a wait for a seat: the policy
