@@ -96,10 +96,9 @@ class InstanceModel:
         q, r = np.divmod(np.arange(cap + 1), c)                            # N split evenly over the instances
         total = (c - r) * served[np.minimum(q, len(served) - 1)] + r * served[np.minimum(q + 1, len(served) - 1)]
         lam = min(rate * c * fbar, RHO_MAX * total[-1])                     # an overload is predict's backlog
-        with np.errstate(divide="ignore"):
-            log_p = np.concatenate(([0.0], np.cumsum(np.log(lam) - np.log(total[1:])))) if lam > 0 else None
-        if log_p is None:
+        if lam <= 0:
             return np.ones(SLOWDOWN_POINTS)
+        log_p = np.concatenate(([0.0], np.cumsum(np.log(lam) - np.log(total[1:]))))
         p = np.exp(log_p - log_p.max())
         p[-1] /= 1.0 - lam / total[-1]                                     # the geometric tail: every seat fed
         p /= p.sum()
